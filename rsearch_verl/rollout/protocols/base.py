@@ -1,0 +1,81 @@
+"""The interface of a search protocol: how a paper's policy asks for search and how results come back.
+
+A protocol owns its prompt templates (base and instruct variants), the stop strings that pause generation,
+the parser of one turn, how an action is executed against the search backend, and the observation format.
+One protocol per file in this package; `get_protocol(name)` (in `__init__.py`) picks one by its YAML name.
+
+The agent loop uses it like this:
+
+    proto = get_protocol("search_r1")
+    prompt = proto.build_prompt(question, variant="base")            # str, or chat messages for "instruct"
+    out = await engine.generate(ids, sampling, stop=proto.stop_strings)
+    action = proto.parse_turn(turn_text)                              # search / answer / none
+    if action.kind == "search":
+        obs_text = await proto.observe(action, search)                # inserted with response_mask 0
+    answer = proto.extract_answer(full_response_text)                 # used by rewards and evaluation
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Doc:
+    """One retrieved passage, whatever the source (local index, web search, arXiv)."""
+
+    id: str
+    contents: str  # '"Title"\ntext' in the corpus format; web sources write the same shape
+    score: float = 0.0
+    source: str = "local"
+
+    @property
+    def title(self) -> str:
+        head = self.contents.split("\n", 1)[0]
+        return head.strip().strip('"')
+
+    @property
+    def text(self) -> str:
+        parts = self.contents.split("\n", 1)
+        return parts[1] if len(parts) == 2 else parts[0]
+
+
+# search(queries, topk, source) -> one list of Docs per query; raises rsearch_verl.search.client.SearchError
+SearchFn = Callable[[list[str], int, str], Awaitable[list[list[Doc]]]]
+
+
+@dataclass
+class Action:
+    kind: str  # "search" | "answer" | "none" (no tag: the trajectory ends) | "invalid" (malformed search)
+    queries: list[str] = field(default_factory=list)
+    answer: str | None = None
+    plan: Any = None  # protocol-specific parsed structure (e.g. the NL-DAG)
+    error: str | None = None  # why the action is invalid; shown to the policy in the observation
+
+
+class SearchProtocol(ABC):
+    name: str = ""
+    stop_strings: list[str] = []  # generation pauses after any of these
+    special_tokens: list[str] = []  # added to the tokenizer (R1-Searcher's <|begin_of_query|> …)
+    observation_open: str = ""
+    observation_close: str = ""
+
+    @abstractmethod
+    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
+        """The paper's prompt for `question`: a string (base models) or chat messages (variant 'instruct')."""
+
+    @abstractmethod
+    def parse_turn(self, turn_text: str) -> Action:
+        """Parse the text the policy generated in the latest turn (ends with a stop string, EOS or truncation)."""
+
+    @abstractmethod
+    async def observe(self, action: Action, search: SearchFn, topk: int) -> str:
+        """Run a search action and return the observation text to insert (with the protocol's tags and the
+        leading/trailing newlines the paper uses). Search failures become an explicit error observation."""
+
+    @abstractmethod
+    def extract_answer(self, response_text: str) -> str | None:
+        """The final answer in a whole response (policy text only; never the prompt), or None."""
