@@ -155,6 +155,7 @@ class ActorConfig:
 
 @dataclass
 class CriticConfig:
+    enable: bool | None = None  # None: on exactly when the estimator needs values (gae)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = 4
     micro_batch_size: int = 2
@@ -219,7 +220,9 @@ class RSearchConfig:
 
     @property
     def use_critic(self) -> bool:
-        return self.algorithm.adv_estimator == "gae"
+        if self.critic.enable is None:
+            return self.algorithm.adv_estimator == "gae"
+        return self.critic.enable
 
     @property
     def use_ref(self) -> bool:
@@ -252,6 +255,8 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
+    if cfg.algorithm.adv_estimator == "gae":
+        _check(cfg.use_critic, "critic.enable", "PPO with GAE advantages needs a critic (critic.enable=false)")
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
@@ -282,8 +287,6 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
             f"{sub.micro_batch_size} does not divide the {per_worker} trajectories per worker per mini-batch",
         )
     _check(n_traj % cfg.world_size == 0, "data.train_batch_size", f"{n_traj} trajectories vs {cfg.world_size} workers")
-    if cfg.algorithm.adv_estimator != "gae" and cfg.reward.name and cfg.critic.ppo_epochs < 0:
-        raise ConfigError("critic.ppo_epochs: must be >= 0")
     _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
     if cfg.trainer.device == "cuda":

@@ -1,0 +1,62 @@
+"""Hydra entry point of rsearch-verl: compose a recipe, start (or connect to) Ray and the retrieval server,
+build the worker groups, train, validate and write the run directory.
+
+    python -m rsearch_verl.main +recipe=search_r1_ppo                        # the embedded toy world, CPU
+    python -m rsearch_verl.main +recipe=search_r1_grpo trainer.total_steps=2 trainer.run_dir=outputs/try
+    python -m rsearch_verl.main +recipe=search_r1_ppo model=qwen2_5_3b_instruct data=nq_hotpotqa \
+        retriever=wiki18_e5 rollout=vllm trainer=gpu_1x8                       # real scale
+    ray job submit --working-dir . -- python -m rsearch_verl.main +recipe=...  # launch/submit.sh wraps this
+
+The run directory (`trainer.run_dir`, default outputs/<recipe>/<timestamp>) holds config.yaml, metrics.jsonl,
+rollouts/step_<N>.jsonl, checkpoints/step_<N>/ and plots/. Pass the same `trainer.run_dir` again to resume
+(`trainer.resume=auto` is the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from rsearch_verl.config import RSearchConfig, from_omegaconf, register_schema
+
+logger = logging.getLogger("rsearch_verl")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("RSEARCH_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(cfg: RSearchConfig, run_dir: str) -> dict:
+    """Train `cfg` into `run_dir`; return the final summary (also logged)."""
+    from rsearch_verl.trainer.session import TrainingSession
+
+    with TrainingSession(cfg, run_dir) as session:
+        return session.train()
+
+
+register_schema()
+
+
+@hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
+def main(oc_cfg: DictConfig) -> None:
+    setup_logging()
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = from_omegaconf(oc_cfg)
+    run_dir = cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir
+    run(cfg, run_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Atomic, resumable checkpoints in `<run_dir>/checkpoints/step_<N>/`.
+
+A checkpoint is written into a hidden temporary directory next to its final place (`.tmp-step_<N>-<random>`);
+the workers write their shards into it, the driver writes `trainer_state.json` (step, dataloader state, KL
+schedule) and `driver_rng.pt`, then `COMPLETE`, and only then is the directory renamed to `step_<N>`. A rename is
+atomic on one filesystem, so a process killed mid-write leaves only a temporary directory, which `latest()`
+ignores and `sweep_incomplete()` removes: a half-written checkpoint is never loaded.
+
+On a multi-node cluster `run_dir` must be on a filesystem every node sees (NFS, a mounted bucket).
+
+Usage:
+    ckpts = CheckpointManager(run_dir, max_to_keep=2)
+    with ckpts.writing(step) as tmp:          # tmp: the directory to fill
+        actor_wg.save_checkpoint(os.path.join(tmp, "actor"))
+        ckpts.write_trainer_state(tmp, {...})
+    path = ckpts.resolve(cfg.trainer.resume)  # "auto" | "disable" | a path -> a complete checkpoint or None
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "driver_rng.pt"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint asked for explicitly is missing or incomplete."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, COMPLETE)) and os.path.isfile(os.path.join(path, STATE_FILE))
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str, max_to_keep: int = 2):
+        self.root = os.path.join(run_dir, "checkpoints")
+        self.max_to_keep = max_to_keep
+        os.makedirs(self.root, exist_ok=True)
+
+    def complete_checkpoints(self) -> list[tuple[int, str]]:
+        """(step, path) of every complete checkpoint, oldest first."""
+        found = []
+        for name in os.listdir(self.root):
+            match = _STEP_RE.match(name)
+            path = os.path.join(self.root, name)
+            if match and is_complete(path):
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> str | None:
+        ckpts = self.complete_checkpoints()
+        return ckpts[-1][1] if ckpts else None
+
+    def resolve(self, resume: str) -> str | None:
+        """`trainer.resume`: 'auto' (newest complete one, or None), 'disable' (None) or an explicit path."""
+        if resume == "disable":
+            return None
+        if resume == "auto":
+            return self.latest()
+        if not is_complete(resume):
+            raise CheckpointError(f"trainer.resume={resume!r} is not a complete checkpoint (no {COMPLETE} marker)")
+        return resume
+
+    def sweep_incomplete(self) -> None:
+        """Remove temporary directories left by a process killed while writing."""
+        for name in os.listdir(self.root):
+            if name.startswith(".tmp-"):
+                logger.warning("removing incomplete checkpoint %s", name)
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    @contextlib.contextmanager
+    def writing(self, step: int) -> Iterator[str]:
+        """Yield a temporary directory to fill; on success mark it complete and rename it into place."""
+        final = os.path.join(self.root, step_dir_name(step))
+        tmp = os.path.join(self.root, f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(tmp)
+        try:
+            yield tmp
+            if not os.path.isfile(os.path.join(tmp, STATE_FILE)):
+                raise CheckpointError(f"checkpoint for step {step} has no {STATE_FILE}")
+            _write_atomic(os.path.join(tmp, COMPLETE), "ok\n")
+            if os.path.exists(final):  # re-saving the same step (e.g. final save right after a periodic one)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune()
+        logger.info("checkpoint saved: %s", final)
+
+    def _prune(self) -> None:
+        if self.max_to_keep <= 0:
+            return
+        for _, path in self.complete_checkpoints()[: -self.max_to_keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def write_trainer_state(path: str, state: dict) -> None:
+        """Driver-side state: JSON-serialisable dict plus the driver's RNG states."""
+        _write_atomic(os.path.join(path, STATE_FILE), json.dumps(state, indent=2, sort_keys=True))
+        torch.save(capture_rng(), os.path.join(path, RNG_FILE))
+
+    @staticmethod
+    def read_trainer_state(path: str) -> dict:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            state = json.load(f)
+        rng_path = os.path.join(path, RNG_FILE)
+        if os.path.isfile(rng_path):
+            restore_rng(torch.load(rng_path, weights_only=False))
+        return state
+
+
+def capture_rng() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

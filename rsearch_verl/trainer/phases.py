@@ -1,0 +1,130 @@
+"""Driver-side phases of a training step that are plain functions of the batch: rewards, KL-in-reward,
+advantages and validation metrics. The workers do the heavy tensor work; these run in the single controller.
+
+Each function takes the step's DataProto (keys documented in rsearch_verl/batch.py) and returns the updated
+batch plus namespaced metrics, so `trainer/loop.py` reads as a list of phases.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from verl import DataProto
+
+from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
+from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
+from rsearch_verl.config import RSearchConfig
+from rsearch_verl.rewards import RewardInput, compute_rewards
+from rsearch_verl.rewards.qa import exact_match, f1_score
+
+
+def reward_inputs(batch: DataProto) -> list[RewardInput]:
+    nt = batch.non_tensor_batch
+    items = []
+    for i in range(len(batch)):
+        items.append(
+            RewardInput(
+                response=str(nt["response_text"][i]),
+                segments=[tuple(s) for s in nt["segments"][i]],
+                ground_truth=list(nt["ground_truth"][i]),
+                question=str(nt["question"][i]),
+                data_source=str(nt["data_source"][i]),
+                extra={"n_searches": int(nt["n_searches"][i]), **dict(nt["extra_info"][i] or {})},
+            )
+        )
+    return items
+
+
+def reward_phase(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, dict[str, float]]:
+    """Score every trajectory with the recipe's reward; put the score on its last policy token."""
+    results = compute_rewards(cfg.reward.name, reward_inputs(batch), judge_cfg=cfg.reward.judge, **cfg.reward.kwargs)
+    scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+    batch.batch["token_level_scores"] = scores_to_token_rewards(scores, batch.batch["response_mask"])
+    batch.non_tensor_batch["reward"] = np.array([r.score for r in results], dtype=object)
+    batch.non_tensor_batch["answer"] = np.array([r.answer for r in results], dtype=object)
+    metrics = {"reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min())}
+    keys = sorted({k for r in results for k in r.metrics})
+    for key in keys:
+        metrics[f"reward/{key}_mean"] = float(np.mean([r.metrics.get(key, 0.0) for r in results]))
+    return batch, metrics
+
+
+def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[DataProto, dict[str, float]]:
+    """KL penalty in the reward (when enabled, β from its schedule), then the recipe's advantage estimator."""
+    metrics: dict[str, float] = {}
+    tensors = batch.batch
+    loss_mask = tensors["response_mask"] if cfg.actor.mask_observations else _response_attention(batch)
+    if cfg.algorithm.use_kl_in_reward:
+        beta = current_kl_coef(cfg, step)
+        rewards, kl_metrics = apply_kl_penalty(
+            tensors["token_level_scores"],
+            tensors["old_log_probs"],
+            tensors["ref_log_prob"],
+            loss_mask,
+            beta=beta,
+            kind=cfg.algorithm.kl_penalty,
+        )
+        tensors["token_level_rewards"] = rewards
+        metrics.update(kl_metrics)
+        metrics["actor/kl_coef"] = beta
+    else:
+        tensors["token_level_rewards"] = tensors["token_level_scores"]
+    advantages, returns = compute_advantage(
+        cfg.algorithm.adv_estimator,
+        token_level_rewards=tensors["token_level_rewards"],
+        response_mask=loss_mask,
+        index=batch.non_tensor_batch["uid"],
+        values=tensors["values"] if cfg.use_critic else None,
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+    )
+    tensors["advantages"], tensors["returns"] = advantages, returns
+    valid = loss_mask.bool()
+    metrics["critic/advantages_mean"] = float(advantages[valid].mean()) if valid.any() else 0.0
+    metrics["critic/returns_mean"] = float(returns[valid].mean()) if valid.any() else 0.0
+    return batch, metrics
+
+
+def current_kl_coef(cfg: RSearchConfig, step: int) -> float:
+    algo = cfg.algorithm
+    return kl_coef_at(
+        step, cfg.trainer.total_steps, start=algo.kl_coef, end=algo.kl_coef_end, schedule=algo.kl_schedule
+    )
+
+
+def _response_attention(batch: DataProto) -> torch.Tensor:
+    """Every real response token (observations included): the loss mask of the no-masking ablation."""
+    resp_len = batch.batch["responses"].shape[1]
+    return batch.batch["attention_mask"][:, -resp_len:].to(batch.batch["response_mask"].dtype)
+
+
+def rollout_metrics(batch: DataProto) -> dict[str, float]:
+    nt, mask = batch.non_tensor_batch, batch.batch["response_mask"]
+    resp_len = batch.batch["responses"].shape[1]
+    lengths = batch.batch["attention_mask"][:, -resp_len:].sum(-1).float()
+    return {
+        "rollout/searches_mean": float(np.mean(nt["n_searches"].astype(float))),
+        "rollout/turns_mean": float(np.mean(nt["n_turns"].astype(float))),
+        "rollout/response_len_mean": float(lengths.mean()),
+        "rollout/policy_tokens_mean": float(mask.sum(-1).float().mean()),
+    }
+
+
+def validation_metrics(batch: DataProto) -> dict[str, float]:
+    """EM / F1 of the extracted answer against the golds, overall and per data source; reward and searches."""
+    nt = batch.non_tensor_batch
+    answers = [a or "" for a in nt["answer"]]
+    em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"])], dtype=float)
+    f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"])], dtype=float)
+    metrics = {
+        "val/em": float(em.mean()),
+        "val/f1": float(f1.mean()),
+        "val/reward": float(np.mean(nt["reward"].astype(float))),
+        "val/searches_mean": float(np.mean(nt["n_searches"].astype(float))),
+    }
+    sources = nt["data_source"]
+    for source in sorted(set(sources)):
+        sel = sources == source
+        metrics[f"val/{source}/em"] = float(em[sel].mean())
+    return metrics

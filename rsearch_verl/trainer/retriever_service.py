@@ -1,0 +1,112 @@
+"""The recipe's own retrieval server: build the index if needed, start `python -m retrieval_server serve` as a
+separate process on 127.0.0.1 (a free port), wait until `/health` answers, stop it at the end.
+
+When `retriever.url` is set the driver uses that external server instead (checked with a bounded health probe)
+and starts nothing.
+
+Usage:
+    with RetrieverService(cfg.retriever, corpus_path, index_dir) as url:
+        cfg.retriever.url = url
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from rsearch_verl.config import RetrieverConfig
+
+logger = logging.getLogger(__name__)
+
+
+class RetrieverError(RuntimeError):
+    """The retrieval server could not be built, started or reached."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> dict:
+    """Poll GET /health until it answers 200 (each probe has its own short timeout)."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RetrieverError(f"retrieval server exited with code {proc.returncode} before becoming healthy")
+        try:
+            resp = httpx.get(f"{url}/health", timeout=2.0)
+            if resp.status_code == 200:
+                return resp.json()
+            last_error = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last_error = repr(exc)
+        time.sleep(0.25)
+    raise RetrieverError(f"retrieval server at {url} not healthy after {timeout_s:.0f} s ({last_error})")
+
+
+def ensure_index(cfg: RetrieverConfig, corpus: str, index_dir: str) -> str:
+    """Build the index for `corpus` into `index_dir` unless a finished one is already there."""
+    if os.path.isfile(os.path.join(index_dir, "manifest.json")):
+        return index_dir
+    logger.info("building %s/%s index of %s into %s", cfg.encoder, cfg.index_type, corpus, index_dir)
+    cmd = [sys.executable, "-m", "retrieval_server", "build", "--corpus", corpus, "--encoder", cfg.encoder]
+    cmd += ["--index-type", cfg.index_type, "--out", index_dir]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RetrieverError(f"index build failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    return index_dir
+
+
+class RetrieverService:
+    def __init__(self, cfg: RetrieverConfig, corpus: str | None, index_dir: str | None, log_path: str | None = None):
+        self.cfg, self.corpus, self.index_dir, self.log_path = cfg, corpus, index_dir, log_path
+        self.proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    def __enter__(self) -> str:
+        if self.cfg.url:
+            info = wait_healthy(self.cfg.url.rstrip("/"), self.cfg.start_timeout_s)
+            logger.info("using external retrieval server %s (%s)", self.cfg.url, info)
+            return self.cfg.url.rstrip("/")
+        if not (self.corpus and self.index_dir):
+            raise RetrieverError("retriever.url is unset and there is no corpus to serve: set retriever.url")
+        ensure_index(self.cfg, self.corpus, self.index_dir)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", self.index_dir]
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        self._log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
+        try:
+            info = wait_healthy(url, self.cfg.start_timeout_s, self.proc)
+        except BaseException:
+            self.close()
+            raise
+        logger.info("retrieval server up at %s: %s", url, info)
+        return url
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._log_file not in (None, subprocess.DEVNULL):
+            self._log_file.close()
+        self._log_file = None
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,179 @@
+"""Everything around the training loop for one run: the run directory, data, tokenizer, the retrieval server,
+Ray, the worker groups, a progress bar and the final summary. Cleans up what it started, even on errors.
+
+Usage (what `rsearch_verl.main.run` does):
+    with TrainingSession(cfg, run_dir) as session:
+        summary = session.train()     # {"val/em_before": ..., "val/em_after": ..., "val/searches_mean_after": ...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+
+from rsearch_verl.config import RSearchConfig, to_dict
+from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.models import load_tokenizer
+from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.trainer.retriever_service import RetrieverService
+
+logger = logging.getLogger(__name__)
+
+RAY_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@dataclasses.dataclass
+class RunData:
+    train_rows: list[dict]
+    val_rows: list[dict]
+    corpus: str | None  # the corpus the recipe's own retriever serves (None: an external retriever)
+    index_dir: str | None
+    tokenizer_path: str | None = None  # the toy world's own small tokenizer
+
+
+def toy_world_data(cfg: RSearchConfig) -> RunData:
+    """Build or reuse the toy world; prompts rendered with the recipe's protocol."""
+    from rsearch_verl.data.toy_world import build_toy_world, toy_tokenizer
+
+    world = build_toy_world(cfg.data.toy_world)
+    proto = get_protocol(cfg.rollout.protocol)
+    tok_dir = toy_tokenizer(world, [cfg.rollout.protocol]) if cfg.model.path == "tiny" else None
+
+    def rows(path: str) -> list[dict]:
+        out = []
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                out.append(
+                    {
+                        "id": rec["id"],
+                        "prompt": proto.build_prompt(rec["question"], cfg.rollout.prompt_variant),
+                        "question": rec["question"],
+                        "golden_answers": rec["golden_answers"],
+                        "data_source": rec.get("data_source", "toy_world"),
+                    }
+                )
+        return out
+
+    index_dir = cfg.retriever.index_dir or os.path.join(
+        os.path.dirname(world.corpus_path), f"index_{cfg.retriever.encoder}_{cfg.retriever.index_type}"
+    )
+    return RunData(rows(world.train_path), rows(world.val_path), world.corpus_path, index_dir, tok_dir)
+
+
+def load_run_data(cfg: RSearchConfig) -> RunData:
+    if cfg.data.source == "toy_world":
+        return toy_world_data(cfg)
+    if cfg.data.source != "parquet":
+        raise ValueError(f"data.source: {cfg.data.source!r} is not one of ['toy_world', 'parquet']")
+    import pandas as pd
+
+    def read(files: list[str]) -> list[dict]:
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).to_dict("records") if files else []
+
+    return RunData(read(cfg.data.train_files), read(cfg.data.val_files), cfg.retriever.corpus, cfg.retriever.index_dir)
+
+
+def init_ray(cfg: RSearchConfig) -> bool:
+    """Connect to the cluster in trainer.ray_address / RAY_ADDRESS, or start a local one. True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": {k: os.environ.get(k, v) for k, v in RAY_ENV.items()}}
+    address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return True
+    num_cpus = cfg.trainer.ray_num_cpus or max(2, os.cpu_count() or 2)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=512 << 20,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+    )
+    return True
+
+
+class TrainingSession:
+    def __init__(self, cfg: RSearchConfig, run_dir: str):
+        self.cfg, self.run_dir = cfg, os.path.abspath(run_dir)
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> TrainingSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def _prepare(self):
+        cfg = self.cfg
+        os.makedirs(self.run_dir, exist_ok=True)
+        data = load_run_data(cfg)
+        if data.tokenizer_path and cfg.model.tokenizer_path is None:
+            cfg.model.tokenizer_path = data.tokenizer_path
+        proto = get_protocol(cfg.rollout.protocol)
+        tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+        limit = cfg.data.max_prompt_length
+        train = PromptDataset(data.train_rows, tokenizer, limit, name="train")
+        val = PromptDataset(data.val_rows, tokenizer, limit, name="val") if data.val_rows else None
+        service = RetrieverService(
+            cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
+        )
+        cfg.retriever.url = self._stack.enter_context(service)
+        _write_config(cfg, self.run_dir)
+        return tokenizer, train, val
+
+    def train(self) -> dict:
+        import ray
+
+        from rsearch_verl.trainer.loop import Trainer
+        from rsearch_verl.workers.placement import build_worker_groups
+
+        tokenizer, train, val = self._prepare()
+        if init_ray(self.cfg):
+            self._stack.callback(ray.shutdown)
+        workers = build_worker_groups(self.cfg)
+        trainer = Trainer(self.cfg, self.run_dir, workers, train, val, tokenizer)
+        history = trainer.fit(progress=_progress_bar(self.cfg.trainer.total_steps, self._stack))
+        return self._summarise(history)
+
+    def _summarise(self, history: list[dict]) -> dict:
+        vals = [row for row in history if "val/em" in row]
+        summary = {"run_dir": self.run_dir, "steps": self.cfg.trainer.total_steps}
+        if vals:
+            summary.update(
+                {
+                    "val/em_before": vals[0]["val/em"],
+                    "val/em_after": vals[-1]["val/em"],
+                    "val/searches_mean_before": vals[0].get("val/searches_mean"),
+                    "val/searches_mean_after": vals[-1].get("val/searches_mean"),
+                }
+            )
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        logger.info("summary: %s", json.dumps(summary))
+        return summary
+
+
+def _write_config(cfg: RSearchConfig, run_dir: str) -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(OmegaConf.create(to_dict(cfg)), os.path.join(run_dir, "config.yaml"))
+
+
+def _progress_bar(total: int, stack: contextlib.ExitStack):
+    from tqdm import tqdm
+
+    bar = stack.enter_context(tqdm(total=total, desc="train", unit="step", dynamic_ncols=True))
+
+    def update(step: int, metrics: dict) -> None:
+        bar.n = step
+        bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("reward/mean", "val/em") if k in metrics})
+        bar.refresh()
+
+    return update

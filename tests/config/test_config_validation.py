@@ -1,0 +1,37 @@
+"""The structured config: recipes compose, impossible settings fail at start with a message naming the key."""
+
+import pytest
+
+from rsearch_verl.config import ConfigError, load_config
+
+
+def test_recipes_compose():
+    cfg = load_config(["+recipe=search_r1_ppo"])
+    assert cfg.recipe == "search_r1_ppo" and cfg.use_critic and cfg.use_ref
+    assert cfg.actor.optim.lr == 1e-6 and cfg.critic.optim.lr == 1e-5
+    grpo = load_config(["+recipe=search_r1_grpo"])
+    assert grpo.rollout.n == 5 and not grpo.use_critic and grpo.actor.use_kl_loss
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algorithm.adv_estimator=ppo2"], "algorithm.adv_estimator"),
+        (["algorithm.kl_penalty=k7"], "algorithm.kl_penalty"),
+        (["data.train_batch_size=3", "actor.ppo_mini_batch_size=2"], "actor.ppo_mini_batch_size"),
+        (["trainer.n_workers=2", "actor.ppo_mini_batch_size=3", "data.train_batch_size=3"], "ppo_mini_batch_size"),
+        (["actor.micro_batch_size=3"], "actor.micro_batch_size"),
+        (["algorithm.adv_estimator=grpo", "rollout.n=1"], "rollout.n"),
+        (["rollout.engine=sglang"], "rollout.engine"),
+        (["critic.enable=false"], "critic.enable"),
+        (["trainer.device=cuda", "trainer.n_gpus_per_node=0"], "n_gpus_per_node"),
+    ],
+)
+def test_impossible_settings_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(["+recipe=search_r1_ppo", *overrides])
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(Exception, match="no_such_key"):
+        load_config(["+recipe=search_r1_ppo", "+actor.no_such_key=1"])
