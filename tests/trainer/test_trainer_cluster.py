@@ -1,0 +1,83 @@
+"""`launch/submit.sh` against a real local Ray cluster: `ray start --head`, `ray job submit` of a 1-step run,
+the job succeeds and its run directory has metrics and a checkpoint."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    gcs, dash = _free_port(), _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [os.path.join(BIN, "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2"]
+    cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"]
+    cmd += [f"--temp-dir={tmp_path / 'ray'}", "--object-store-memory=536870912"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{address}/api/version", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("ray head did not start")
+    yield address, env
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_submit_one_step_job(ray_head, tmp_path):
+    address, env = ray_head
+    run_dir = tmp_path / "run"
+    env = {**env, "RAY_ADDRESS": address, "PYTHON": sys.executable, "RAY": os.path.join(BIN, "ray")}
+    overrides = [
+        "+recipe=search_r1_grpo",
+        "trainer.total_steps=1",
+        "rollout.n=2",
+        "data.train_batch_size=2",
+        "actor.ppo_mini_batch_size=4",
+        "data.val_max_samples=4",
+        "rollout.max_turns=2",
+        "rollout.max_tokens_per_turn=24",
+        f"trainer.run_dir={run_dir}",
+        f"data.toy_world.cache_dir={tmp_path / 'toy'}",
+    ]
+    done = subprocess.run(
+        ["bash", os.path.join(ROOT, "launch", "submit.sh"), *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "succeeded" in (done.stdout + done.stderr).lower()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert os.path.isdir(run_dir / "checkpoints" / "step_000001")
