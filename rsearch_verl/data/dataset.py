@@ -47,10 +47,7 @@ def render_prompt(prompt, tokenizer) -> str:
 
 
 def _ground_truth(row: dict) -> list[str]:
-    if "golden_answers" in row:
-        target = row["golden_answers"]
-    else:
-        target = row["reward_model"]["ground_truth"]["target"]
+    target = row["golden_answers"] if "golden_answers" in row else row["reward_model"]["ground_truth"]["target"]
     if isinstance(target, str):
         return [target]
     return [str(t) for t in list(target)]

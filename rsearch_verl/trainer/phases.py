@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
+from rsearch_verl import batch as batch_keys
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
 from rsearch_verl.config import RSearchConfig
@@ -42,7 +43,11 @@ def reward_phase(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, dict[
     batch.batch["token_level_scores"] = scores_to_token_rewards(scores, batch.batch["response_mask"])
     batch.non_tensor_batch["reward"] = np.array([r.score for r in results], dtype=object)
     batch.non_tensor_batch["answer"] = np.array([r.answer for r in results], dtype=object)
-    metrics = {"reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min())}
+    metrics = {
+        "reward/mean": float(scores.mean()),
+        "reward/max": float(scores.max()),
+        "reward/min": float(scores.min()),
+    }
     keys = sorted({k for r in results for k in r.metrics})
     for key in keys:
         metrics[f"reward/{key}_mean"] = float(np.mean([r.metrics.get(key, 0.0) for r in results]))
@@ -53,7 +58,7 @@ def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[Da
     """KL penalty in the reward (when enabled, β from its schedule), then the recipe's advantage estimator."""
     metrics: dict[str, float] = {}
     tensors = batch.batch
-    loss_mask = tensors["response_mask"] if cfg.actor.mask_observations else _response_attention(batch)
+    loss_mask = batch_keys.loss_mask(tensors, cfg.actor.mask_observations)
     if cfg.algorithm.use_kl_in_reward:
         beta = current_kl_coef(cfg, step)
         rewards, kl_metrics = apply_kl_penalty(
@@ -93,12 +98,6 @@ def current_kl_coef(cfg: RSearchConfig, step: int) -> float:
     )
 
 
-def _response_attention(batch: DataProto) -> torch.Tensor:
-    """Every real response token (observations included): the loss mask of the no-masking ablation."""
-    resp_len = batch.batch["responses"].shape[1]
-    return batch.batch["attention_mask"][:, -resp_len:].to(batch.batch["response_mask"].dtype)
-
-
 def rollout_metrics(batch: DataProto) -> dict[str, float]:
     nt, mask = batch.non_tensor_batch, batch.batch["response_mask"]
     resp_len = batch.batch["responses"].shape[1]
@@ -115,8 +114,8 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
     """EM / F1 of the extracted answer against the golds, overall and per data source; reward and searches."""
     nt = batch.non_tensor_batch
     answers = [a or "" for a in nt["answer"]]
-    em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"])], dtype=float)
-    f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"])], dtype=float)
+    em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
+    f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
     metrics = {
         "val/em": float(em.mean()),
         "val/f1": float(f1.mean()),

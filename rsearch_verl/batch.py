@@ -1,0 +1,58 @@
+"""The one batch record of a training step: verl's `DataProto` with these keys (B trajectories, P prompt tokens,
+R response tokens). Every phase reads and writes only keys listed here.
+
+Tensors (`batch.batch`):
+    prompts            [B, P] long   prompt ids, LEFT-padded with pad_token_id
+    responses          [B, R] long   response ids (policy tokens and inserted observation tokens), RIGHT-padded
+    input_ids          [B, P+R] long  prompts ‖ responses
+    attention_mask     [B, P+R] long  1 on real tokens (prompt, policy and observation), 0 on padding
+    position_ids       [B, P+R] long  cumsum(attention_mask) - 1, clipped at 0
+    response_mask      [B, R] long   1 = sampled by the policy (trained), 0 = observation inserted by the
+                                     environment or padding (no loss, no advantage, no KL, no entropy, no value)
+    rollout_log_probs  [B, R] float  log-prob of each sampled token under the rollout engine (0 where mask 0)
+    token_level_scores [B, R] float  outcome reward on the last policy token (reward phase)
+    old_log_probs      [B, R] float  actor log-probs before the update (actor.compute_log_prob)
+    ref_log_prob       [B, R] float  reference log-probs (compute_ref_log_prob), when KL is used
+    values             [B, R] float  critic values (critic.compute_values), PPO only
+    token_level_rewards [B, R] float scores minus the in-reward KL penalty (advantage phase)
+    advantages, returns [B, R] float (advantage phase)
+
+Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
+    uid, index, prompt_ids, raw_prompt, question, ground_truth (list[str]), data_source, extra_info (dict)
+        — from the data loader, repeated rollout.n times by the rollout (same uid = same GRPO group)
+    response_text   str             decoded response (policy and observation text)
+    segments        list[(role, text)]  role "policy" | "observation", in order; joins to response_text
+    n_searches, n_turns  int
+    finish_reason   str             "answer" | "eos" | "max_turns" | "length" | "stop"
+    turn_timing     list[dict]      per turn: {"gen_s", "search_s"}
+    reward, answer                  (reward phase)
+
+meta_info: `validate` (bool), `seed` (int), `kl_coef` (float, set before the updates), `metrics` (dict, from workers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+TENSOR_KEYS_FROM_ROLLOUT = (
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "rollout_log_probs",
+)
+
+
+def response_attention(attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+    """1 on every real response token, observations included (the loss mask of the no-masking ablation)."""
+    return attention_mask[:, -response_len:]
+
+
+def loss_mask(batch_tensors, mask_observations: bool) -> torch.Tensor:
+    """The mask every loss uses: policy tokens only (default) or all response tokens (ablation)."""
+    mask = batch_tensors["response_mask"]
+    if mask_observations:
+        return mask
+    return response_attention(batch_tensors["attention_mask"], mask.shape[1]).to(mask.dtype)
