@@ -49,7 +49,7 @@ class ModelConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     gradient_checkpointing: bool = False
     use_chat_template: bool = False  # instruct models: wrap prompts in the tokenizer's chat template
-    sft_checkpoint: str | None = None  # warm start produced by `python -m rsearch_verl.sft` (None: the model as is)
+    sft_checkpoint: str | None = None  # HF dir from `python -m rsearch_verl.sft`; "auto": toy world warm start
 
 
 @dataclass

@@ -116,6 +116,10 @@ class TrainingSession:
         data = load_run_data(cfg)
         if data.tokenizer_path and cfg.model.tokenizer_path is None:
             cfg.model.tokenizer_path = data.tokenizer_path
+        if cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
+            from rsearch_verl.sft import warm_start
+
+            cfg.model.sft_checkpoint = warm_start(cfg)
         proto = get_protocol(cfg.rollout.protocol)
         tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
         limit = cfg.data.max_prompt_length

@@ -1,0 +1,176 @@
+"""Supervised fine-tuning on search demonstrations: the cold start before RL (R1-Searcher++-style) and the toy world's
+warm start.
+
+A demonstration is `{"prompt": str, "segments": [[role, text], ...]}` with role "policy" (trained) or "observation"
+(context only, label masked exactly as in RL, so SFT never teaches the model to write retrieved text). Each segment
+is tokenised on its own, as the agent loop does, and an EOS ends the last policy segment.
+
+    python -m rsearch_verl.sft --demos demos.jsonl --out outputs/sft model.path=tiny model.tokenizer_path=TOK
+    python -m rsearch_verl.sft --toy-world --out outputs/sft +recipe=search_r1_ppo      # the toy world's demos
+
+`warm_start(cfg)` is what the trainer calls when `model.sft_checkpoint=auto`: build (or reuse, cached by a hash of
+the model, protocol and world settings) a warm start for the toy world and return its HF directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+
+import torch
+
+from rsearch_verl.config import RSearchConfig, load_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SFTOptions:
+    epochs: int = 3
+    lr: float = 1e-3
+    batch_size: int = 8
+    max_length: int = 512
+    seed: int = 0
+
+
+def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + segments and the loss mask (1 on policy tokens and the final EOS)."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    mask = [0] * len(ids)
+    for role, text in segments:
+        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += seg
+        mask += [1 if role == "policy" else 0] * len(seg)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return ids[:max_length], mask[:max_length]
+
+
+def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    for row, (ids, mask) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        loss_mask[row, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Token-mean cross-entropy of next-token prediction over positions whose target has loss mask 1."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    targets, weights = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    return (nll * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions) -> list[float]:
+    """Train `model` in place on `demos`; returns the mean loss of each epoch."""
+    examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
+    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
+    rng = random.Random(opts.seed)
+    model.train()
+    history = []
+    for epoch in range(opts.epochs):
+        rng.shuffle(examples)
+        losses = []
+        for start in range(0, len(examples), opts.batch_size):
+            loss = sft_loss(model, _collate(examples[start : start + opts.batch_size], tokenizer.pad_token_id))
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            losses.append(float(loss))
+        history.append(sum(losses) / max(1, len(losses)))
+        logger.info("sft epoch %d: loss %.4f", epoch + 1, history[-1])
+    model.eval()
+    return history
+
+
+def save_hf(model, tokenizer, out_dir: str) -> str:
+    """Write model + tokenizer as a HF directory atomically (temp dir, then rename)."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-sft-", dir=parent)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def _load(cfg: RSearchConfig):
+    from rsearch_verl.models import load_model, load_tokenizer
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    tokenizer = load_tokenizer(cfg.model, extra_special=get_protocol(cfg.rollout.protocol).special_tokens)
+    return load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer
+
+
+def toy_demos(cfg: RSearchConfig, n: int | None = None) -> list[dict]:
+    from rsearch_verl.data.toy_world import build_toy_world, demonstrations
+
+    world = build_toy_world(cfg.data.toy_world)
+    return demonstrations(world, cfg.rollout.protocol, n or cfg.data.toy_world.n_train, seed=cfg.seed)
+
+
+def warm_start(cfg: RSearchConfig, opts: SFTOptions | None = None) -> str:
+    """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory."""
+    opts = opts or SFTOptions(seed=cfg.seed)
+    key = json.dumps(
+        [dataclasses.asdict(cfg.model), cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world), vars(opts)],
+        sort_keys=True,
+        default=str,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", digest)
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)
+    model, tokenizer = _load(dataclasses.replace(cfg, model=model_cfg))
+    history = train_sft(model, tokenizer, toy_demos(cfg), opts)
+    logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in history], out)
+    return save_hf(model, tokenizer, out)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m rsearch_verl.sft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demos", help="JSONL demonstrations ({prompt, segments})")
+    parser.add_argument("--toy-world", action="store_true", help="use the toy world's synthetic demonstrations")
+    parser.add_argument("--out", required=True)
+    for field in dataclasses.fields(SFTOptions):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    args, overrides = parser.parse_known_args(argv)
+    if not args.demos and not args.toy_world:
+        parser.error("give --demos FILE or --toy-world")
+    cfg = load_config(overrides)
+    opts = SFTOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SFTOptions)})
+    if args.toy_world and cfg.model.path == "tiny" and cfg.model.tokenizer_path is None:
+        from rsearch_verl.trainer.session import toy_world_data
+
+        cfg.model.tokenizer_path = toy_world_data(cfg).tokenizer_path
+    if args.demos:
+        with open(args.demos) as f:
+            demos = [json.loads(line) for line in f if line.strip()]
+    else:
+        demos = toy_demos(cfg)
+    model, tokenizer = _load(cfg)
+    train_sft(model, tokenizer, demos, opts)
+    return save_hf(model, tokenizer, args.out)
+
+
+if __name__ == "__main__":
+    from rsearch_verl.main import setup_logging
+
+    setup_logging()
+    main()
