@@ -80,6 +80,7 @@ class DataConfig:
 class RolloutConfig:
     engine: str = "hf"  # 'hf' | 'vllm'
     protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
+    protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
     prompt_variant: str = "base"  # 'base' | 'instruct'
     n: int = 1  # samples per prompt (GRPO group size)
     temperature: float = 1.0

@@ -113,7 +113,7 @@ def _load(cfg: RSearchConfig):
     from rsearch_verl.models import load_model, load_tokenizer
     from rsearch_verl.rollout.protocols import get_protocol
 
-    tokenizer = load_tokenizer(cfg.model, extra_special=get_protocol(cfg.rollout.protocol).special_tokens)
+    tokenizer = load_tokenizer(cfg.model, extra_special=get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs).special_tokens)
     return load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer
 
 

@@ -121,7 +121,7 @@ def run_eval(args, overrides: list[str]) -> dict[str, dict[str, float]]:
     cfg.model.path = args.checkpoint
     if args.toy_world and args.checkpoint != "tiny":
         cfg.model.tokenizer_path = cfg.model.tokenizer_path or args.checkpoint
-    proto = get_protocol(cfg.rollout.protocol)
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     if args.toy_world and args.checkpoint == "tiny" and cfg.model.tokenizer_path is None:
         from rsearch_verl.trainer.session import toy_world_data
 

@@ -39,7 +39,7 @@ def toy_world_data(cfg: RSearchConfig) -> RunData:
     from rsearch_verl.data.toy_world import build_toy_world, toy_tokenizer
 
     world = build_toy_world(cfg.data.toy_world)
-    proto = get_protocol(cfg.rollout.protocol)
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     tok_dir = toy_tokenizer(world, [cfg.rollout.protocol]) if cfg.model.path == "tiny" else None
 
     def rows(path: str) -> list[dict]:
@@ -54,6 +54,7 @@ def toy_world_data(cfg: RSearchConfig) -> RunData:
                         "question": rec["question"],
                         "golden_answers": rec["golden_answers"],
                         "data_source": rec.get("data_source", "toy_world"),
+                        "extra_info": {"hops": rec.get("hops"), "support": rec.get("support", [])},
                     }
                 )
         return out
@@ -120,7 +121,7 @@ class TrainingSession:
             from rsearch_verl.sft import warm_start
 
             cfg.model.sft_checkpoint = warm_start(cfg)
-        proto = get_protocol(cfg.rollout.protocol)
+        proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
         tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
         limit = cfg.data.max_prompt_length
         train = PromptDataset(data.train_rows, tokenizer, limit, name="train")

@@ -74,7 +74,8 @@ class SearchProtocol(ABC):
     @abstractmethod
     async def observe(self, action: Action, search: SearchFn, topk: int) -> str:
         """Run a search action and return the observation text to insert (with the protocol's tags and the
-        leading/trailing newlines the paper uses). Search failures become an explicit error observation."""
+        leading/trailing newlines the paper uses). Search failures become an explicit error observation inside the
+        observation tags ("search failed: timeout"); an "invalid" action gets a short corrective observation."""
 
     @abstractmethod
     def extract_answer(self, response_text: str) -> str | None:

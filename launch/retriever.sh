@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the retrieval index if it is missing, then serve it (see docs/retriever.md).
+#
+#   bash launch/retriever.sh                                   # toy defaults: MiniLM + flat over $CORPUS
+#   CORPUS=data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq INDEX_DIR=indexes/wiki18_e5_ivfpq \
+#     DEVICE=cuda PORT=8000 bash launch/retriever.sh
+#
+# Environment (all optional):
+#   CORPUS      JSONL corpus, one {"id", "contents"} per line (required only when the index must be built)
+#   ENCODER     e5 | bge | minilm | bm25 | /path/to/hf/model        (default minilm)
+#   INDEX_TYPE  flat | hnsw | ivfpq | sq8                            (default flat; ignored for bm25)
+#   INDEX_DIR   where the index lives; complete once it holds manifest.json   (default indexes/<encoder>_<type>)
+#   HOST PORT   bind address and port                                (default 127.0.0.1 8000)
+#   DEVICE      cpu | cuda (cuda: fp16 encoder, FAISS sharded over all visible GPUs)   (default cpu)
+#   RETRIEVER_TOKEN  bearer token required on /retrieve (read by the server itself)
+#   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--mode searchr1 --max-topk 50"
+#   PYTHON      interpreter (default .venv/bin/python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+ENCODER=${ENCODER:-minilm}
+INDEX_TYPE=${INDEX_TYPE:-flat}
+INDEX_DIR=${INDEX_DIR:-indexes/$(basename "$ENCODER")_${INDEX_TYPE}}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+DEVICE=${DEVICE:-cpu}
+
+if [[ ! -f "$INDEX_DIR/manifest.json" ]]; then
+  if [[ -z "${CORPUS:-}" || ! -f "$CORPUS" ]]; then
+    echo "error: no index at $INDEX_DIR (no manifest.json) and CORPUS='${CORPUS:-}' is not a file" >&2
+    exit 2
+  fi
+  # Restartable: a build interrupted half-way reuses its finished chunks when run again.
+  # shellcheck disable=SC2086
+  "$PY" -m retrieval_server build --corpus "$CORPUS" --encoder "$ENCODER" --index-type "$INDEX_TYPE" \
+    --out "$INDEX_DIR" --device "$DEVICE" ${BUILD_ARGS:-}
+fi
+
+# shellcheck disable=SC2086
+exec "$PY" -m retrieval_server serve --index "$INDEX_DIR" --host "$HOST" --port "$PORT" --device "$DEVICE" \
+  ${SERVE_ARGS:-}

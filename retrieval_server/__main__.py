@@ -1,0 +1,118 @@
+"""Command line of the retrieval server: `build` an index, `serve` it over HTTP.
+
+    python -m retrieval_server build --corpus C.jsonl --encoder minilm --index-type flat --out DIR
+    python -m retrieval_server serve --index DIR --host 127.0.0.1 --port 8000 [--token T] [--mode batched|searchr1]
+                                     [--batch-max 64] [--batch-wait-ms 0] [--max-topk 100] [--device cpu]
+
+`serve` binds 127.0.0.1 unless `--host` says otherwise; `--token` (or $RETRIEVER_TOKEN) turns on bearer auth for
+/retrieve. One uvicorn worker: the index is loaded once and the micro-batcher owns the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from retrieval_server.config import MODES, ServerConfig
+
+logger = logging.getLogger("retrieval_server")
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    p.add_argument("--index", required=True, help="index directory written by `build` (holds manifest.json)")
+    p.add_argument("--host", default=d.host, help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--token", default=None, help="bearer token required on /retrieve (default: $RETRIEVER_TOKEN)")
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="searchr1 = Search-R1-like baseline")
+    p.add_argument("--device", default="cpu", help="encoder / index device (cuda shards FAISS over all GPUs)")
+    p.add_argument("--batch-max", type=int, default=d.batch_max, help="max queries per coalesced search")
+    p.add_argument("--batch-wait-ms", type=float, default=d.batch_wait_ms, help="gather window when idle")
+    p.add_argument("--max-queries", type=int, default=d.max_queries)
+    p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
+    p.add_argument("--max-topk", type=int, default=d.max_topk)
+    p.add_argument("--default-topk", type=int, default=d.default_topk)
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = library default)")
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Load the index, warm it up, and run uvicorn until interrupted."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no-op when main() set it already (see there)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        max_queries=args.max_queries,
+        max_query_chars=args.max_query_chars,
+        max_topk=args.max_topk,
+        max_body_bytes=args.max_body_bytes,
+        default_topk=args.default_topk,
+        batch_max=args.batch_max,
+        batch_wait_ms=args.batch_wait_ms,
+        mode=args.mode,
+        log_level=args.log_level,
+    )
+    config = config.with_env_token().validated()
+
+    import uvicorn
+
+    from retrieval_server.app import create_app
+    from retrieval_server.retriever import load_retriever
+
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    retriever = load_retriever(args.index, device=args.device)
+    retriever.search(["warm up the encoder and the index"], 1)  # first-call allocations out of the first request
+    app = create_app(config, retriever)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+        logger.warning("serving on %s without a token: anyone who can reach the port can query", config.host)
+    logger.info(
+        "serving %s (%d docs, mode %s) on http://%s:%d",
+        args.index,
+        retriever.n_docs,
+        config.mode,
+        config.host,
+        config.port,
+    )
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False, workers=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        # Before anything imports torch / faiss (build's arguments may): idle OpenMP threads then sleep instead
+        # of spinning a core between batches, which halves CPU use at low load.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    parser = argparse.ArgumentParser(prog="python -m retrieval_server", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build_p = sub.add_parser("build", help="encode a JSONL corpus and write an index directory")
+    serve_p = sub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, GET /health)")
+    _add_serve_args(serve_p)
+    from retrieval_server.build import add_build_args
+
+    add_build_args(build_p)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        try:
+            serve(args)
+        except (ValueError, FileNotFoundError) as exc:  # bad flags / missing index: one clear line, not a traceback
+            logger.error("%s", exc)
+            return 2
+        return 0
+    from retrieval_server.build import run_build
+
+    out = run_build(args)
+    logger.info("index written to %s", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The retrieval server's HTTP side: `create_app(config, retriever)` builds a FastAPI app (no module globals).
+
+API (wire-compatible with Search-R1's `retrieval_server.py`, so either side can talk to the other):
+
+    POST /retrieve  {"queries": [str, ...], "topk": int | null, "return_scores": bool}
+        -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   (return_scores true)
+        -> {"result": [[{"id", "contents"}, ...], ...]}                                 (return_scores false)
+    GET  /health    -> {"status": "ok", "n_docs", "encoder", "index_type", "mode", "auth", "limits", "batching"}
+
+Bad input is answered 4xx with `{"detail": "..."}` (400 malformed JSON, 401 missing/wrong bearer token, 413 body too
+large, 422 wrong types / empty / over a limit); a 500 only means a bug or a broken index, never client input.
+
+Two serving modes, same parsing and limits, so the throughput benchmark compares like with like:
+* "batched": async handler, raw-bytes parsing with orjson, requests coalesced by `MicroBatcher` into one
+  `retriever.search` on one executor thread, the response serialised to bytes on that thread;
+* "searchr1": the baseline that serves like Search-R1 — a synchronous `def` handler with a pydantic body run in
+  the framework's thread pool, one encode + search per request, the response dict encoded by FastAPI.
+
+Run it with `python -m retrieval_server serve --index DIR` (see `__main__.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from retrieval_server.batching import MicroBatcher
+from retrieval_server.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+Job = tuple[list[str], int, bool]  # (queries, topk, return_scores) of one request
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's request body (used by the "searchr1" baseline mode); strict, so "3" is not a topk."""
+
+    model_config = ConfigDict(strict=True)
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware (cheap: no per-request task) that refuses bodies over `max_bytes` with 413.
+
+    Checks Content-Length up front and counts the bytes actually received, so a chunked upload cannot slip past.
+    """
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > self.max_bytes:
+                    await _send_json(send, 413, f"request body larger than {self.max_bytes} bytes")
+                    return
+                break
+        received = 0
+        started = False
+
+        async def counting_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _send_json(send, 413, f"request body larger than {self.max_bytes} bytes")
+
+
+async def _send_json(send: Any, status: int, detail: str) -> None:
+    body = orjson.dumps({"detail": detail})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def check_limits(config: ServerConfig, queries: Any, topk: Any, return_scores: Any) -> Job:
+    """Validate one request's fields (already JSON-decoded); raise HTTPException(422) naming the problem."""
+    if not isinstance(queries, list):
+        raise HTTPException(422, "'queries' must be a list of strings")
+    if not queries:
+        raise HTTPException(422, "'queries' must not be empty")
+    if len(queries) > config.max_queries:
+        raise HTTPException(422, f"too many queries: {len(queries)} > {config.max_queries}")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise HTTPException(422, f"queries[{i}] must be a string")
+        if not q.strip():
+            raise HTTPException(422, f"queries[{i}] is empty")
+        if len(q) > config.max_query_chars:
+            raise HTTPException(422, f"queries[{i}] longer than {config.max_query_chars} characters")
+    if topk is None:
+        topk = config.default_topk
+    # bool is an int subclass in Python: `"topk": true` must not mean topk=1.
+    if not isinstance(topk, int) or isinstance(topk, bool):
+        raise HTTPException(422, "'topk' must be an integer or null")
+    if not 1 <= topk <= config.max_topk:
+        raise HTTPException(422, f"'topk' must be in [1, {config.max_topk}], got {topk}")
+    if not isinstance(return_scores, bool):
+        raise HTTPException(422, "'return_scores' must be a boolean")
+    return queries, topk, return_scores
+
+
+def parse_retrieve_body(config: ServerConfig, body: bytes) -> Job:
+    """Decode and validate a raw /retrieve body (the batched mode's fast path, no pydantic)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPException(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPException(422, "body must be a JSON object")
+    if "queries" not in data:
+        raise HTTPException(422, "missing field 'queries'")
+    return check_limits(config, data["queries"], data.get("topk"), data.get("return_scores", False))
+
+
+def format_results(
+    jobs: Sequence[Job], rows: Sequence[Sequence[int]], scores: Sequence[Sequence[float]], docs: list[dict]
+) -> list[list[list[Any]]]:
+    """Split one batch's search output back per job in Search-R1's wire format.
+
+    `rows`/`scores` hold one list per query of all jobs in order; `docs` the documents of every row, flattened.
+    """
+    out = []
+    qi = 0
+    di = 0
+    for queries, topk, with_scores in jobs:
+        per_job = []
+        for _ in queries:
+            n_row = len(rows[qi])
+            keep = min(topk, n_row)
+            if with_scores:
+                per_job.append([{"document": docs[di + j], "score": float(scores[qi][j])} for j in range(keep)])
+            else:
+                per_job.append(docs[di : di + keep])
+            di += n_row
+            qi += 1
+        out.append(per_job)
+    return out
+
+
+def search_jobs(retriever: Any, jobs: Sequence[Job]) -> list[list[list[Any]]]:
+    """One encoder forward + one index search for all queries of `jobs`, results split back per job."""
+    queries = [q for job in jobs for q in job[0]]
+    k = max(job[1] for job in jobs)
+    rows, scores = retriever.search(queries, k)
+    docs = retriever.docs([int(r) for per_query in rows for r in per_query])
+    return format_results(jobs, rows, scores, docs)
+
+
+def _check_token(config: ServerConfig, authorization: str | None) -> None:
+    if config.token is None:
+        return
+    expected = f"Bearer {config.token}"
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _add_batched_route(app: FastAPI, config: ServerConfig, retriever: Any, batcher: MicroBatcher) -> None:
+    async def retrieve(request: Request) -> Response:
+        _check_token(config, request.headers.get("authorization"))
+        job = parse_retrieve_body(config, await request.body())
+        payload = await batcher.submit(job, n_queries=len(job[0]))
+        return Response(payload, media_type="application/json")
+
+    # A plain Starlette route: no dependency solving per request (the handler does its own parsing).
+    app.router.add_route("/retrieve", retrieve, methods=["POST"])
+
+
+def _add_searchr1_route(app: FastAPI, config: ServerConfig, retriever: Any) -> None:
+    @app.post("/retrieve")
+    def retrieve(request: RetrieveRequest, authorization: str | None = Header(default=None)) -> dict:
+        # Like Search-R1: sync handler in the thread pool, one encode + search for this request alone.
+        _check_token(config, authorization)
+        job = check_limits(config, request.queries, request.topk, request.return_scores)
+        return {"result": search_jobs(retriever, [job])[0]}
+
+
+def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
+    """Build the app serving `retriever` (a `retrieval_server.retriever.Retriever`) under `config`."""
+    config = config.validated()
+    batcher = None
+    if config.mode == "batched":
+
+        def run_batch(jobs: list[Job]) -> list[bytes]:
+            # Serialise on the search thread too: the event loop only moves bytes.
+            return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs)]
+
+        batcher = MicroBatcher(run_batch, batch_max=config.batch_max, batch_wait_ms=config.batch_wait_ms)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        if batcher is not None:
+            batcher.close()
+
+    app = FastAPI(title="rsearch-verl retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.retriever = retriever
+    app.state.batcher = batcher
+    _add_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        info = dict(getattr(retriever, "info", {}))
+        return {
+            "status": "ok",
+            **info,
+            "n_docs": retriever.n_docs,
+            "encoder": info.get("encoder"),
+            "index_type": info.get("index_type"),
+            "mode": config.mode,
+            "auth": config.token is not None,
+            "limits": {
+                "max_queries": config.max_queries,
+                "max_query_chars": config.max_query_chars,
+                "max_topk": config.max_topk,
+                "max_body_bytes": config.max_body_bytes,
+            },
+            "batching": batcher.stats.as_dict() if batcher is not None else None,
+        }
+
+    if batcher is not None:
+        _add_batched_route(app, config, retriever, batcher)
+    else:
+        _add_searchr1_route(app, config, retriever)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Flatten pydantic's error list into one readable string: the contract is {"detail": "..."}.
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors()]
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error: %r", exc)
+        return JSONResponse({"detail": "internal server error"}, status_code=500)

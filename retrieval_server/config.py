@@ -1,0 +1,58 @@
+"""Serving configuration of the retrieval server: one validated dataclass, defaults in one place.
+
+`python -m retrieval_server serve` builds a `ServerConfig` from its flags (see `__main__.py`); tests and the
+benchmark build one directly and hand it to `retrieval_server.app.create_app(config, retriever)`.
+
+Usage:
+    cfg = ServerConfig(port=8000, token="s3cret", mode="batched").validated()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+MODES = ("batched", "searchr1")
+TOKEN_ENV = "RETRIEVER_TOKEN"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP side serves a `Retriever`. Limits answer client abuse with 4xx, never 500."""
+
+    host: str = "127.0.0.1"  # loopback unless told otherwise: Search-R1's server binds 0.0.0.0 with no auth
+    port: int = 8000
+    token: str | None = None  # bearer token; None = no auth (env RETRIEVER_TOKEN fills it in the CLI)
+    max_queries: int = 512  # queries per request
+    max_query_chars: int = 4096  # characters per query (a 100 kB query is refused, not encoded)
+    max_topk: int = 100
+    max_body_bytes: int = 1 << 20  # 1 MiB; checked on Content-Length and on the bytes actually received
+    default_topk: int = 3  # Search-R1's default when the client sends no topk
+    batch_max: int = 64  # queries per coalesced encoder forward (a request larger than this still runs whole)
+    batch_wait_ms: float = 0.0  # extra collection window when the search thread is idle (0 = dispatch at once)
+    mode: str = "batched"  # "batched" (coalescing) | "searchr1" (baseline: sync handler, one search per request)
+    log_level: str = "warning"
+
+    def validated(self) -> ServerConfig:
+        """Return self after checking every field; raise ValueError naming the bad field."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"default_topk ({self.default_topk}) must be <= max_topk ({self.max_topk})")
+        if self.batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
+        if self.token is not None and not self.token.strip():
+            raise ValueError("token must be a non-empty string when given")
+        return self
+
+    def with_env_token(self) -> ServerConfig:
+        """Fill `token` from $RETRIEVER_TOKEN when no token was given explicitly."""
+        if self.token is None and os.environ.get(TOKEN_ENV):
+            return dataclasses.replace(self, token=os.environ[TOKEN_ENV])
+        return self

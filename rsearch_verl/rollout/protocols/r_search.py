@@ -1,0 +1,52 @@
+"""R-Search with evidence (multi-reward R-Search): `<search> q </search>`, `<observation>…</observation>`
+inserted by the environment (masked), `<original_evidence>…</original_evidence>` written by the policy (NOT
+masked: it is generated text the evidence reward scores), then `<answer>`.
+
+    proto = RSearchProtocol()
+    proto.build_prompt(q, "instruct")   # [system: the paper's rollout template, user: q]
+    proto.extract_evidence(response)    # the policy's last evidence block (for the evidence reward)
+
+Passages are written as in the paper's case study: `(Title: "t") text`, one per line.
+"""
+
+from __future__ import annotations
+
+from rsearch_verl.rewards.formats import extract_tag
+from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+
+R_SEARCH_SYSTEM_PROMPT = (
+    "You are a helpful assistant that can solve the given question step by step. For each step, start by "
+    "explaining your thought process. If additional information is needed, provide a specific query enclosed in "
+    "<search> and </search>. The system will return the top search results within <observation> and "
+    "</observation>. You can perform multiple searches as needed. When you know the final answer, use "
+    "<original_evidence> and </original_evidence> to provide all potentially relevant original information from "
+    "the observations. Ensure the information is complete and preserves the original wording without "
+    "modification. If no searches were conducted or observations were made, omit the evidence section. Finally, "
+    "provide the final answer within <answer> and </answer> tags."
+)
+
+EVIDENCE_TAG = "original_evidence"
+
+
+class RSearchProtocol(TagSearchProtocol):
+    name = "r_search"
+    stop_strings = ["</search>", "</answer>"]
+    observation_open = "<observation>"
+    observation_close = "</observation>"
+    obs_prefix = "\n"
+    obs_suffix = "\n"
+
+    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
+        self._check_variant(variant)
+        question = question.strip()
+        if variant == "base":
+            return f"{R_SEARCH_SYSTEM_PROMPT}\n\nQuestion: {question}\n"
+        return [{"role": "system", "content": R_SEARCH_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+    def format_docs(self, docs: list[Doc]) -> str:
+        return " " + "\n".join(f'(Title: "{d.title}") {" ".join(d.text.split())}' for d in docs) + " "
+
+    def extract_evidence(self, response_text: str) -> str | None:
+        """The policy's last `<original_evidence>` block (outside observations), or None."""
+        return extract_tag(self.policy_text(response_text), EVIDENCE_TAG)

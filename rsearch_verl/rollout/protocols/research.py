@@ -1,0 +1,65 @@
+"""ReSearch (Chen et al. 2025): `<search> q </search>` inside the reasoning, results in `<result>…</result>`,
+final answer `<answer> The final answer is \\boxed{…} </answer>`.
+
+    proto = ReSearchProtocol()
+    proto.build_prompt(q)              # the paper's base-model template, ending in "Assistant:"
+    proto.build_prompt(q, "instruct")  # [{"role": "system", <the paper's system prompt>}, {"role": "user", q}]
+    proto.extract_answer(text)         # the \\boxed{} content of the last <answer> block
+
+Results are written as in the paper's case study: one `"Title", text` line per passage.
+"""
+
+from __future__ import annotations
+
+from rsearch_verl.rewards.formats import extract_boxed, extract_tag
+from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+
+_FORMAT_TEXT = (
+    "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags "
+    "respectively, and the search query and result are enclosed within <search> </search> and <result> "
+    "</result> tags respectively. For example, <think> This is the reasoning process. </think> <search> search "
+    "query here </search> <result> search result here </result> <think> This is the reasoning process. </think> "
+    "<answer> The final answer is \\boxed{answer here} </answer>. In the last part of the answer, the final exact "
+    "answer is enclosed within \\boxed{} with latex format."
+)
+
+RESEARCH_BASE_TEMPLATE = (
+    "A conversation between User and Assistant. The user asks a question, and the assistant solves it. The "
+    "assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+    "During thinking, the assistant can invoke the wikipedia search tool to search for fact information about "
+    "specific topics if needed. " + _FORMAT_TEXT + " User: {question}. Assistant:"
+)
+
+RESEARCH_SYSTEM_PROMPT = (
+    "You are a helpful assistant that can solve the given question step by step with the help of the wikipedia "
+    "search tool. Given a question, you need to first think about the reasoning process in the mind and then "
+    "provide the answer. During thinking, you can invoke the wikipedia search tool to search for fact information "
+    "about specific topics if needed. " + _FORMAT_TEXT
+)
+
+
+class ReSearchProtocol(TagSearchProtocol):
+    name = "research"
+    stop_strings = ["</search>", "</answer>"]
+    observation_open = "<result>"
+    observation_close = "</result>"
+    obs_prefix = " "
+    obs_suffix = " "
+
+    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
+        self._check_variant(variant)
+        question = question.strip()
+        if variant == "base":
+            # the template puts a period after the question; do not double an existing one
+            return RESEARCH_BASE_TEMPLATE.replace("{question}", question.rstrip("."))
+        return [{"role": "system", "content": RESEARCH_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+    def format_docs(self, docs: list[Doc]) -> str:
+        lines = [f'"{d.title}", {" ".join(d.text.split())}' for d in docs]
+        return "\n" + "\n".join(lines) + "\n"
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """`\\boxed{}` content of the last `<answer>` block; None without a box (the paper scores only boxed)."""
+        block = extract_tag(self.policy_text(response_text), self.answer_tag)
+        return extract_boxed(block) if block is not None else None

@@ -1,0 +1,247 @@
+"""Async search client used by the agent loop: timeouts, bounded retries, bounded concurrency, cache, coalescing.
+
+    client = SearchClient(cfg.retriever)                      # local source at cfg.retriever.url
+    docs = await client(["who wrote hamlet"], topk=3)         # -> [[Doc, Doc, Doc]]
+    docs = await client(["llm agents"], 2, source="arxiv")    # any source registered by name
+    client.metrics()  # {"search/calls": ..., "search/latency_p50": ..., ...}
+    await client.aclose()
+
+It is a `SearchFn` (see `rsearch_verl.rollout.protocols.base`). Every HTTP request has a timeout
+(`cfg.timeout_s`); timeouts, connection errors and 5xx are retried up to `cfg.max_retries` times with
+exponential backoff and jitter; 4xx and unparseable answers are not retried. At most `cfg.max_concurrency`
+requests are in flight. For batched sources (our retrieval server) concurrent calls that arrive within
+`coalesce_ms` are merged into one POST, so many trajectories asking one query each cost one encoder batch.
+A final failure raises `SearchError`; protocols turn it into an error observation and the trajectory goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from rsearch_verl.config import RetrieverConfig
+from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.search.cache import SearchCache
+from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource, Source, SourceResponseError
+
+logger = logging.getLogger(__name__)
+
+
+class SearchError(RuntimeError):
+    """A search that failed for good. `kind`: timeout | connection | http_<status> | bad_response | config."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+    def short(self) -> str:
+        """A one-line reason fit for an observation shown to the policy (no stack, no URL)."""
+        return self.kind
+
+
+def default_sources(cfg: RetrieverConfig) -> dict[str, Source]:
+    """`local` when `cfg.url` is set; `arxiv` always; `web`/`news` (Serper) only when $SERPER_API_KEY is set."""
+    sources: dict[str, Source] = {"arxiv": ArxivSource()}
+    if cfg.url:
+        sources["local"] = LocalSource(cfg.url)
+    if os.environ.get("SERPER_API_KEY"):
+        sources["web"] = SerperSource(kind="search")
+        sources["news"] = SerperSource(kind="news")
+    return sources
+
+
+@dataclass
+class _Pending:
+    """Queries waiting to be merged into one batched request for (source, topk)."""
+
+    queries: list[str] = field(default_factory=list)
+    futures: list[asyncio.Future] = field(default_factory=list)
+
+
+def _classify(exc: Exception) -> tuple[SearchError, bool]:
+    """(the SearchError to raise, whether the failure is worth retrying)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return SearchError("timeout", str(exc) or "request timed out"), True
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        detail = exc.response.text[:200]
+        return SearchError(f"http_{status}", detail), status >= 500 or status == 429
+    if isinstance(exc, httpx.TransportError):
+        return SearchError("connection", repr(exc)), True
+    if isinstance(exc, SourceResponseError):
+        return SearchError("bad_response", str(exc)), False
+    raise exc
+
+
+class SearchClient:
+    """A `SearchFn` over named sources. Create it once per process; it binds to the running event loop lazily."""
+
+    def __init__(
+        self,
+        cfg: RetrieverConfig,
+        sources: dict[str, Source] | None = None,
+        *,
+        coalesce_ms: float = 2.0,
+        coalesce: bool = True,
+        max_batch: int = 256,
+        backoff_s: float = 0.1,
+        cache_size: int = 100_000,
+    ):
+        if cfg.timeout_s <= 0 or cfg.max_retries < 0 or cfg.max_concurrency < 1:
+            raise ValueError("retriever timeout_s must be > 0, max_retries >= 0, max_concurrency >= 1")
+        self.cfg = cfg
+        self.sources = dict(sources) if sources is not None else default_sources(cfg)
+        self.coalesce_s = coalesce_ms / 1000.0
+        self.coalesce = coalesce  # False: one request per call (for comparisons; batched sources still batch a call)
+        self.max_batch = max_batch
+        self.backoff_s = backoff_s
+        self.cache = SearchCache(cache_size) if cfg.cache else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._latencies: deque[float] = deque(maxlen=10_000)
+        self._counts = {"calls": 0, "queries": 0, "requests": 0, "errors": 0, "retries": 0, "cache_hits": 0}
+
+    # ---- public API -------------------------------------------------------------------------------------------
+    async def __call__(self, queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self._counts["calls"] += 1
+        self._counts["queries"] += len(queries)
+        if source not in self.sources:
+            self._counts["errors"] += 1
+            raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
+        self._bind_loop()
+        start = time.perf_counter()
+        results: list[list[Doc] | None] = [None] * len(queries)
+        todo: list[int] = []
+        for i, query in enumerate(queries):
+            hit = self.cache.get((source, topk, query)) if self.cache is not None else None
+            if hit is not None:
+                results[i] = hit
+                self._counts["cache_hits"] += 1
+            else:
+                todo.append(i)
+        try:
+            if todo:
+                fetched = await self._fetch(source, [queries[i] for i in todo], topk)
+                for i, docs in zip(todo, fetched, strict=True):
+                    results[i] = docs
+                    if self.cache is not None:
+                        self.cache.put((source, topk, queries[i]), docs)
+        except SearchError:
+            self._counts["errors"] += 1
+            raise
+        finally:
+            self._latencies.append(time.perf_counter() - start)
+        return results  # type: ignore[return-value]
+
+    def metrics(self, reset: bool = False) -> dict[str, float]:
+        """Counters (calls, queries, HTTP requests, errors, retries, cache hits) and call latency percentiles in
+        seconds over the last 10k calls; `reset=True` starts a new window (per-step logging)."""
+        out = {f"search/{k}": float(v) for k, v in self._counts.items()}
+        lat = np.asarray(self._latencies, dtype=float)
+        out["search/latency_p50"] = float(np.percentile(lat, 50)) if lat.size else 0.0
+        out["search/latency_p99"] = float(np.percentile(lat, 99)) if lat.size else 0.0
+        if reset:
+            self._counts = dict.fromkeys(self._counts, 0)
+            self._latencies.clear()
+        return out
+
+    async def aclose(self) -> None:
+        """Close the connection pool (it is reopened on the next call)."""
+        http, self._http = self._http, None
+        # a pool made on an earlier (now closed) loop cannot be closed from this one; its sockets died with it
+        if http is not None and self._loop is asyncio.get_running_loop():
+            await http.aclose()
+
+    # ---- internals --------------------------------------------------------------------------------------------
+    def _bind_loop(self) -> None:
+        # asyncio primitives and the httpx pool belong to one event loop; a new loop (e.g. a fresh asyncio.run per
+        # rollout batch) gets fresh ones instead of "attached to a different loop" errors.
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._http is None:
+            self._loop = loop
+            limits = httpx.Limits(max_connections=self.cfg.max_concurrency)
+            self._http = httpx.AsyncClient(limits=limits, timeout=self.cfg.timeout_s)
+            self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+            self._pending = {}
+
+    async def _fetch(self, source: str, queries: list[str], topk: int) -> list[list[Doc]]:
+        src = self.sources[source]
+        if src.batched:
+            if self.coalesce:
+                return await self._coalesced(source, queries, topk)
+            return await self._request(src, queries, topk)
+        # one request per query; run them concurrently (the semaphore still bounds them)
+        per_query = await asyncio.gather(*(self._request(src, [q], topk) for q in queries), return_exceptions=True)
+        for res in per_query:
+            if isinstance(res, BaseException):
+                raise res
+        return [res[0] for res in per_query]  # type: ignore[index]
+
+    async def _coalesced(self, source: str, queries: list[str], topk: int) -> list[list[Doc]]:
+        key = (source, topk)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending()
+            asyncio.get_running_loop().call_later(self.coalesce_s, self._flush, key)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in queries]
+        pending.queries.extend(queries)
+        pending.futures.extend(futures)
+        if len(pending.queries) >= self.max_batch:
+            self._flush(key)
+        return list(await asyncio.gather(*futures))
+
+    def _flush(self, key: tuple[str, int]) -> None:
+        pending = self._pending.pop(key, None)
+        if pending is None or not pending.queries:
+            return  # already flushed because the batch filled up before the timer fired
+        asyncio.ensure_future(self._run_batch(key, pending))
+
+    async def _run_batch(self, key: tuple[str, int], pending: _Pending) -> None:
+        source, topk = key
+        try:
+            # the server may dedupe nothing: send each distinct query once and fan results back out
+            unique = list(dict.fromkeys(pending.queries))
+            docs = await self._request(self.sources[source], unique, topk)
+            by_query = dict(zip(unique, docs, strict=True))
+            for query, fut in zip(pending.queries, pending.futures, strict=True):
+                if not fut.done():
+                    fut.set_result(by_query[query])
+        except BaseException as exc:  # every waiter must wake up, whatever went wrong
+            for fut in pending.futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _request(self, src: Source, queries: list[str], topk: int) -> list[list[Doc]]:
+        """One logical request with bounded retries and exponential backoff; raises SearchError at the end."""
+        assert self._http is not None and self._sem is not None
+        attempt = 0
+        while True:
+            try:
+                async with self._sem:
+                    self._counts["requests"] += 1
+                    return await src.search(self._http, queries, topk, self.cfg.timeout_s)
+            except (httpx.HTTPError, SourceResponseError) as exc:
+                err, retryable = _classify(exc)
+                if not retryable or attempt >= self.cfg.max_retries:
+                    logger.warning("search on %s failed after %d attempt(s): %s", src.name, attempt + 1, err)
+                    raise err from exc
+                attempt += 1
+                self._counts["retries"] += 1
+                # exponential backoff with jitter so many trajectories retrying together do not stampede the server
+                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))

@@ -1,0 +1,190 @@
+"""The toy world: deterministic, cached, entity-disjoint train / val split, answers findable in the corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from rsearch_verl.config import ToyWorldConfig
+from rsearch_verl.data.toy_world import COLOURS, PROFESSIONS, build_toy_world, generate, world_hash
+
+
+def _files(world) -> dict[str, bytes]:
+    out = {}
+    for name in sorted(os.listdir(world.root)):
+        with open(os.path.join(world.root, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_toy_world(ToyWorldConfig(cache_dir=str(tmp_path_factory.mktemp("tw"))))
+
+
+def test_deterministic_for_a_seed(tmp_path):
+    a = build_toy_world(ToyWorldConfig(seed=3, cache_dir=str(tmp_path / "a")))
+    b = build_toy_world(ToyWorldConfig(seed=3, cache_dir=str(tmp_path / "b")))
+    assert _files(a) == _files(b)
+    c = generate(ToyWorldConfig(seed=4))
+    assert [e.name for e in c[0]] != [e.name for e in a.entities]
+
+
+def test_default_sizes(world):
+    assert len(world.entities) == 60
+    assert len(world.questions("train")) == 256 and len(world.questions("val")) == 64
+    for split in ("train", "val"):
+        qs = world.questions(split)
+        assert len({q["id"] for q in qs}) == len(qs)
+        assert {q["data_source"] for q in qs} == {"toy_world_1hop", "toy_world_2hop"}
+        assert sum(q["hops"] == 2 for q in qs) == len(qs) // 2
+        assert len({q["question"] for q in qs}) == len(qs)
+
+
+def test_names_are_made_up_and_unique(world):
+    names = [e.name for e in world.entities]
+    assert len(set(names)) == len(names)
+    words = [w for n in names for w in n.split()]
+    assert len(set(words)) == len(words)  # no shared first / last names across entities
+    common = set(PROFESSIONS) | set(COLOURS) | {"the", "city", "region", "mentor"}
+    assert not {w.lower() for w in words} & common
+
+
+def test_val_entities_never_in_train_questions(world):
+    sides = {side: [e.name for e in world.entities if e.side == side] for side in ("train", "val")}
+    assert sides["train"] and sides["val"]
+    for split, other in (("train", "val"), ("val", "train")):
+        for q in world.questions(split):
+            text = q["question"] + " " + " ".join(q["golden_answers"])
+            assert not [n for n in sides[other] if _mentions(text, n)], q
+            assert all(n in sides[split] for n in q["entities"]), q
+
+
+def test_every_answer_is_in_the_hop_passages(world):
+    passages = world.passages()
+    assert len(passages) == 60
+    for q in world.questions("train") + world.questions("val"):
+        chain = [passages[pid] for pid in q["support"]]
+        assert len(chain) == q["hops"]
+        assert _mentions(chain[0], q["entities"][0])  # hop 1: the subject's own passage
+        if q["hops"] == 2:
+            assert _mentions(chain[0], q["entities"][1])  # it names the bridge entity ...
+            assert chain[1].startswith(f'"{q["entities"][1]}"\n')  # ... whose passage holds the answer
+        assert _mentions(chain[-1], q["golden_answers"][0])
+    with open(world.corpus_path) as f:
+        rows = [json.loads(line) for line in f]
+    for row in rows:
+        assert set(row) == {"id", "contents"} and row["contents"].startswith('"')
+
+
+def test_cache_reuse_and_leftovers(tmp_path):
+    cfg = ToyWorldConfig(seed=5, cache_dir=str(tmp_path))
+    first = build_toy_world(cfg)
+    assert os.path.basename(first.root) == world_hash(cfg)
+    stamp = os.stat(first.corpus_path).st_mtime_ns
+    again = build_toy_world(ToyWorldConfig(seed=5, cache_dir=str(tmp_path)))
+    assert again.root == first.root and os.stat(again.corpus_path).st_mtime_ns == stamp
+    assert [e.name for e in again.entities] == [e.name for e in first.entities]
+    # a world killed before its manifest was written is never reused
+    os.remove(os.path.join(first.root, "world.json"))
+    open(first.corpus_path, "w").close()
+    rebuilt = build_toy_world(cfg)
+    assert os.path.getsize(rebuilt.corpus_path) > 0 and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+    assert world_hash(ToyWorldConfig(seed=5, cache_dir="/elsewhere")) == world_hash(cfg)
+    assert world_hash(ToyWorldConfig(seed=5, n_val=10)) != world_hash(cfg)
+
+
+def test_bad_sizes_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="n_entities"):
+        build_toy_world(ToyWorldConfig(n_entities=60, n_train=5000, cache_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="n_entities"):
+        build_toy_world(ToyWorldConfig(n_entities=5, cache_dir=str(tmp_path)))
+
+
+DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag"]
+
+
+@pytest.mark.parametrize("protocol", DEMO_PROTOCOLS)
+def test_demonstrations_follow_the_protocol(world, protocol):
+    from rsearch_verl.data.toy_world import demonstrations
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    proto = get_protocol(protocol)
+    demos = demonstrations(world, protocol, n=40, seed=1, p_no_search=0.5)
+    assert demos == demonstrations(world, protocol, n=40, seed=1, p_no_search=0.5)
+    train = {q["question"]: q for q in world.questions("train")}
+    searched = [d for d in demos if d["searched"]]
+    assert 8 <= len(searched) <= 32
+    for d in demos:
+        q = train[d["question"]]  # only training questions are demonstrated
+        assert d["prompt"] == proto.build_prompt(q["question"], "base")
+        roles = [role for role, _ in d["segments"]]
+        assert roles[-1] == "policy" and set(roles) <= {"policy", "observation"}
+        assert all(a != b for a, b in zip(roles, roles[1:], strict=False))  # policy and observation alternate
+        text = "".join(t for _, t in d["segments"])
+        assert proto.extract_answer(text).strip() == d["answer"]
+        if d["searched"]:
+            assert d["answer"] == q["golden_answers"][0]
+            observations = [t for role, t in d["segments"] if role == "observation"]
+            assert len(observations) == q["hops"]
+            assert q["golden_answers"][0] in observations[-1]  # the retrieved passage really holds the answer
+            for obs in observations:
+                assert obs.strip().startswith(proto.observation_open)
+        else:
+            assert roles == ["policy"]
+    assert all(d["searched"] for d in demonstrations(world, protocol, n=10, seed=2, p_no_search=0.0))
+    assert not any(d["searched"] for d in demonstrations(world, protocol, n=10, seed=2, p_no_search=1.0))
+
+
+def test_toy_tokenizer_is_cached_and_spells_names_in_pieces(world):
+    from rsearch_verl.config import ModelConfig
+    from rsearch_verl.data.toy_world import toy_tokenizer
+    from rsearch_verl.models import load_tokenizer
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    path = toy_tokenizer(world, ["search_r1", "r1_searcher"])
+    stamp = os.stat(os.path.join(path, "tokenizer_config.json")).st_mtime_ns
+    assert toy_tokenizer(world, ["r1_searcher", "search_r1"]) == path
+    assert os.stat(os.path.join(path, "tokenizer_config.json")).st_mtime_ns == stamp
+    tok = load_tokenizer(ModelConfig(tokenizer_path=path))
+    assert 500 < len(tok) <= 4096
+    for special in get_protocol("r1_searcher").special_tokens:
+        assert tok.tokenize(special) == [special]
+    # no entity has a token of its own, so validation names are spelt with pieces training names use too
+    for e in world.entities:
+        for word in e.name.split():
+            assert len(tok.tokenize(" " + word)) >= 2, word
+    text = world.passages()[world.entities[-1].passage_id] + " <search> Vrasor </search> 1843 ¿ü"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_cli_prints_the_world(tmp_path, capsys):
+    from rsearch_verl.data.toy_world import main
+
+    main(["--seed", "2", "--cache-dir", str(tmp_path), "--n-train", "20", "--n-val", "8"])
+    out = dict(line.split("\t", 1) for line in capsys.readouterr().out.splitlines() if "\t" in line)
+    assert os.path.isfile(out["corpus"]) and os.path.isfile(out["val"])
+    assert sum(1 for _ in open(out["train"])) == 20  # noqa: SIM115
+
+
+def test_searching_each_hop_entity_finds_its_passage(world):
+    """With a real BM25 index (bm25s, the retrieval server's model-free option) the query 'entity name' returns
+    that hop's passage first for every question: the answers are findable by searching."""
+    import bm25s
+
+    passages = world.passages()
+    ids = list(passages)
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([passages[i] for i in ids], show_progress=False), show_progress=False)
+    questions = world.questions("train") + world.questions("val")
+    hops = [(q["entities"][h], q["support"][h]) for q in questions for h in range(q["hops"])]
+    tokens = bm25s.tokenize([name for name, _ in hops], show_progress=False)
+    results, _ = retriever.retrieve(tokens, k=1, show_progress=False)
+    assert [ids[r[0]] for r in results] == [pid for _, pid in hops]
