@@ -113,7 +113,8 @@ def _load(cfg: RSearchConfig):
     from rsearch_verl.models import load_model, load_tokenizer
     from rsearch_verl.rollout.protocols import get_protocol
 
-    tokenizer = load_tokenizer(cfg.model, extra_special=get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs).special_tokens)
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
     return load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer
 
 
