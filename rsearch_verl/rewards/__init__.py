@@ -1,0 +1,105 @@
+"""Rewards for the five seed systems, registered by the names recipes use (`reward.name` in YAML).
+
+    from rsearch_verl.rewards import RewardInput, compute_rewards
+    item = RewardInput(response=text, segments=[("policy", "..."), ("observation", "..."), ("policy", "...")],
+                       ground_truth=["Paris"], question="...", extra={"n_searches": 1})
+    results = compute_rewards("search_r1_em", [item])          # -> [RewardResult(score, metrics, answer)]
+    compute_rewards("r_search_evidence", items, judge_cfg=cfg.reward.judge)   # judge calls batched
+    compute_rewards("r_search_evidence", items, judge="f1")                   # offline stand-in (CPU toy runs)
+
+Names: search_r1_em (kwarg format_shaped), research_f1, r1_searcher_stage1, r1_searcher_stage2,
+r_search_evidence, r_search_dag. Every reward reads the answer from POLICY text only: the "policy" segments
+joined in order, never the prompt and never observation text inserted by the environment. A trajectory
+without segments (e.g. a plain generation) is treated as all policy text.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICY, OBSERVATION = "policy", "observation"
+
+
+@dataclass
+class RewardInput:
+    response: str
+    segments: list[tuple[str, str]]  # (role "policy" | "observation", text), in order; joined == response
+    ground_truth: list[str]
+    question: str = ""
+    data_source: str = ""
+    extra: dict = field(default_factory=dict)  # extra["n_searches"]: searches the environment executed
+
+    def policy_text(self) -> str:
+        """Everything the policy sampled, observations removed (joined without separators)."""
+        if not self.segments:
+            return self.response
+        for role, _ in self.segments:
+            if role not in (POLICY, OBSERVATION):
+                raise ValueError(f"segment role must be {POLICY!r} or {OBSERVATION!r}, got {role!r}")
+        return "".join(text for role, text in self.segments if role == POLICY)
+
+    def full_text(self) -> str:
+        """Policy and observation text in order (the whole response)."""
+        return "".join(text for _, text in self.segments) if self.segments else self.response
+
+    def n_searches(self) -> int:
+        """Searches the environment ran (extra["n_searches"]); counted from observation segments if absent."""
+        if "n_searches" in self.extra and self.extra["n_searches"] is not None:
+            return int(self.extra["n_searches"])
+        return sum(1 for role, _ in self.segments if role == OBSERVATION)
+
+    @property
+    def golds(self) -> list[str]:
+        gt = self.ground_truth
+        return [gt] if isinstance(gt, str) else [str(g) for g in gt]
+
+
+@dataclass
+class RewardResult:
+    score: float
+    metrics: dict[str, float]
+    answer: str | None
+
+
+# (items, judge_cfg, **kwargs) -> one result per item, in order
+RewardFn = Callable[..., list[RewardResult]]
+REWARDS: dict[str, RewardFn] = {}
+
+
+def register(name: str) -> Callable[[RewardFn], RewardFn]:
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in REWARDS:
+            raise ValueError(f"reward {name!r} registered twice")
+        REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+def _check_kwargs(name: str, fn: RewardFn, kwargs: dict[str, Any]) -> None:
+    params = inspect.signature(fn).parameters
+    allowed = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"reward {name!r} got unknown kwargs {unknown}; it accepts {allowed}")
+
+
+def compute_rewards(name: str, items: list[RewardInput], judge_cfg: Any = None, **kwargs: Any) -> list[RewardResult]:
+    """Score `items` with the reward registered as `name` (kwargs: the recipe's `reward.kwargs`)."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
+    fn = REWARDS[name]
+    _check_kwargs(name, fn, kwargs)
+    results = fn(list(items), judge_cfg, **kwargs)
+    if len(results) != len(items):
+        raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} items")
+    return results
+
+
+# Imported last: the modules register themselves and import the dataclasses above.
+from rsearch_verl.rewards import nl_dag, r1_searcher, r_search, research, search_r1  # noqa: E402, F401
+
+__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "compute_rewards", "register"]

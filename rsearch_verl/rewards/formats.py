@@ -11,6 +11,7 @@ Extraction never raises on malformed text: a missing or unbalanced tag gives Non
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 _BOXED_PREFIXES = ("\\boxed{", "\\fbox{")
@@ -85,3 +86,59 @@ def extract_boxed(text: str | None) -> str | None:
 def count_boxed(text: str | None) -> int:
     """Number of balanced `\\boxed{…}` groups in `text`."""
     return len(_boxed_spans(text)) if text else 0
+
+
+def check_block_grammar(
+    text: str,
+    blocks: dict[str, tuple[str, str]],
+    start: set[str],
+    follows: dict[str, set[str]],
+    final: set[str],
+    text_between: bool = False,
+) -> tuple[bool, str]:
+    """Check that `text` is a sequence of the named blocks obeying a tiny grammar.
+
+    blocks: name -> (open tag, close tag); no block may nest inside another. start: names allowed first;
+    follows[name]: names allowed right after block `name` closes; final: names allowed last. With
+    text_between=False only whitespace may sit outside blocks. Returns (ok, reason) — reason says what broke.
+    """
+    by_tag = {}
+    for name, (open_t, close_t) in blocks.items():
+        by_tag[open_t], by_tag[close_t] = (name, False), (name, True)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(by_tag, key=len, reverse=True)))
+    open_name: str | None = None
+    prev: str | None = None
+    pos = 0
+    for m in pattern.finditer(text):
+        name, closing = by_tag[m.group(0)]
+        if open_name is None:
+            if closing:
+                return False, f"{m.group(0)} without its opening tag"
+            if not text_between and text[pos : m.start()].strip():
+                return False, f"text outside tags before {m.group(0)}"
+            allowed = start if prev is None else follows.get(prev, set())
+            if name not in allowed:
+                return False, f"{name} cannot follow {prev or 'the start'}"
+            open_name = name
+        elif not closing or name != open_name:
+            return False, f"{m.group(0)} inside an open {open_name} block"
+        else:
+            open_name, prev = None, name
+        pos = m.end()
+    if open_name is not None:
+        return False, f"unclosed {open_name} block"
+    if prev not in final:
+        return False, f"must end with one of {sorted(final)}, ends with {prev or 'no block'}"
+    if not text_between and text[pos:].strip():
+        return False, "text after the last block"
+    return True, ""
+
+
+def is_garbled(text: str, max_bad_ratio: float = 0.02) -> bool:
+    """True when text holds decoding debris: U+FFFD, or too many control / unassigned characters."""
+    if not text:
+        return False
+    if "\ufffd" in text:
+        return True
+    bad = sum(1 for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cn", "Co", "Cs"))
+    return bad / len(text) > max_bad_ratio

@@ -1,0 +1,197 @@
+"""Build an index directory from a JSONL corpus: corpus store, embeddings in resumable chunks, FAISS or BM25.
+
+    python -m retrieval_server build --corpus wiki.jsonl --encoder e5 --index-type ivfpq --out indexes/wiki \
+        --device cuda --batch-size 512 --rerank-factor 4
+
+Layout of `--out`:
+
+    corpus/             CorpusStore (contents.bin + offsets.npy)
+    emb/chunk_NNNNN.npy fp16 passage embeddings, `chunk_size` rows each, each written atomically
+    index.faiss, index_params.json, [vectors.f16.npy]   or   bm25/
+    manifest.json       written LAST and atomically: its presence means "index complete"
+
+An interrupted build resumes where it stopped: finished chunks are skipped. Rerunning over a complete index only
+rebuilds the (cheap) FAISS part from the chunks. Python API: `build_index(corpus, encoder, index_type, out, **params)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from retrieval_server.corpus import CorpusStore
+from retrieval_server.index import INDEX_TYPES, DenseIndex
+from retrieval_server.retriever import CORPUS_DIR, MANIFEST
+
+logger = logging.getLogger(__name__)
+
+EMB_DIR = "emb"
+DEFAULT_CHUNK = 100_000
+
+
+def add_build_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", required=True, help='JSONL corpus: {"id", "contents"} per line')
+    parser.add_argument("--encoder", required=True, help="e5 | bge | minilm | bm25 | PATH to a local HF encoder")
+    parser.add_argument("--index-type", default="flat", choices=INDEX_TYPES, help="ignored for bm25")
+    parser.add_argument("--out", required=True, help="index directory (resumes when it exists)")
+    parser.add_argument("--encoder-path", default=None, help="weights for e5/bge (default: the hub names)")
+    parser.add_argument("--pooling", default=None, choices=["mean", "cls"], help="override the family's pooling")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
+    parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK, help="passages per embedding chunk file")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-length", type=int, default=256, help="encoder max tokens per passage")
+    parser.add_argument("--hnsw-m", type=int, default=None)
+    parser.add_argument("--ef-search", type=int, default=None)
+    parser.add_argument("--nlist", type=int, default=None)
+    parser.add_argument("--pq-m", type=int, default=None)
+    parser.add_argument("--nprobe", type=int, default=None)
+    parser.add_argument("--rerank-factor", type=int, default=None, help="> 1: exact re-rank from fp16 on disk")
+
+
+def run_build(args: argparse.Namespace) -> str:
+    """CLI entry: build the index described by `args`; returns the output directory."""
+    params = {
+        "hnsw_m": args.hnsw_m,
+        "ef_search": args.ef_search,
+        "nlist": args.nlist,
+        "pq_m": args.pq_m,
+        "nprobe": args.nprobe,
+        "rerank_factor": args.rerank_factor,
+    }
+    return build_index(
+        args.corpus,
+        args.encoder,
+        args.index_type,
+        args.out,
+        encoder_path=args.encoder_path,
+        pooling=args.pooling,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        device=args.device,
+        max_length=args.max_length,
+        **{k: v for k, v in params.items() if v is not None},
+    )
+
+
+def build_index(
+    corpus: str,
+    encoder,
+    index_type: str,
+    out: str,
+    *,
+    encoder_path: str | None = None,
+    pooling: str | None = None,
+    batch_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK,
+    device: str = "cpu",
+    max_length: int = 256,
+    **params,
+) -> str:
+    """Build `out` from `corpus`. `encoder` is a name / path ("bm25" for BM25) or a loaded `Encoder`."""
+    t0 = time.perf_counter()
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the directory is "incomplete" until we finish
+    store = CorpusStore.build(corpus, str(out_dir / CORPUS_DIR))
+    if encoder == "bm25":
+        manifest = _build_bm25(store, out_dir, params)
+    else:
+        if isinstance(encoder, str):
+            from retrieval_server.encoders import load_encoder
+
+            encoder = load_encoder(encoder, device, encoder_path, pooling, max_length, batch_size)
+        chunks = _encode_chunks(store, encoder, out_dir / EMB_DIR, chunk_size)
+        manifest = _build_dense(chunks, encoder.dim, index_type, out_dir, len(store), params)
+        manifest.update(
+            encoder=encoder.name, model_path=encoder.model_path, pooling=encoder.pooling, max_length=encoder.max_length
+        )
+    manifest.update(n_docs=len(store), build_s=round(time.perf_counter() - t0, 1))
+    _write_json_atomic(out_dir / MANIFEST, manifest)
+    logger.info("index complete: %s (%d docs, %.0f s)", out_dir, len(store), time.perf_counter() - t0)
+    return str(out_dir)
+
+
+def _build_bm25(store: CorpusStore, out_dir: Path, params: dict) -> dict:
+    from retrieval_server.bm25 import BM25_DIR, DEFAULT_B, DEFAULT_K1, BM25Index
+
+    k1, b = float(params.pop("k1", DEFAULT_K1)), float(params.pop("b", DEFAULT_B))
+    if params:
+        raise ValueError(f"BM25 takes only k1 and b, got {sorted(params)}")
+    BM25Index.build(store.iter_contents(), k1=k1, b=b).save(str(out_dir / BM25_DIR))
+    params = {"k1": k1, "b": b}
+    return {"encoder": "bm25", "model_path": None, "pooling": None, "index_type": "bm25", "params": params, "dim": 0}
+
+
+def _encode_chunks(store: CorpusStore, encoder, emb_dir: Path, chunk_size: int) -> list[Path]:
+    """Encode the corpus into fp16 chunk files, skipping the ones a previous run finished."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    emb_dir.mkdir(parents=True, exist_ok=True)
+    n = len(store)
+    paths = [emb_dir / f"chunk_{i:05d}.npy" for i in range((n + chunk_size - 1) // chunk_size)]
+    todo = [i for i, p in enumerate(paths) if not _chunk_ok(p, min(chunk_size, n - i * chunk_size), encoder.dim)]
+    if len(todo) < len(paths):
+        logger.info("resuming: %d of %d embedding chunks already done", len(paths) - len(todo), len(paths))
+    bar = tqdm(total=sum(min(chunk_size, n - i * chunk_size) for i in todo), desc="encoding", unit="psg")
+    for i in todo:
+        start, stop = i * chunk_size, min(n, (i + 1) * chunk_size)
+        emb = np.empty((stop - start, encoder.dim), dtype=np.float16)
+        step = max(encoder.batch_size * 16, 1)  # a slice of the chunk at a time: keeps the bar moving
+        for s in range(start, stop, step):
+            texts = [d["contents"] for d in store.get(list(range(s, min(stop, s + step))))]
+            emb[s - start : s - start + len(texts)] = encoder.encode_passages(texts)
+            bar.update(len(texts))
+        tmp = paths[i].with_name(paths[i].stem + ".tmp.npy")
+        np.save(tmp, emb)
+        os.replace(tmp, paths[i])  # a chunk file exists only when complete
+    bar.close()
+    return paths
+
+
+def _chunk_ok(path: Path, rows: int, dim: int) -> bool:
+    if not path.exists():
+        return False
+    try:
+        return np.load(path, mmap_mode="r").shape == (rows, dim)
+    except (ValueError, OSError):
+        return False
+
+
+def _build_dense(chunks: list[Path], dim: int, index_type: str, out_dir: Path, n: int, params: dict) -> dict:
+    index = DenseIndex.create(index_type, dim, n=n, **params)
+    if index.needs_training:
+        index.train(_train_sample(chunks, index.train_size()))
+    for path in tqdm(chunks, desc="indexing", unit="chunk"):
+        index.add(np.load(path).astype(np.float32))
+    if int(index.params["rerank_factor"]) > 1:
+        index.write_rerank_vectors(str(out_dir), (np.load(p, mmap_mode="r") for p in chunks))
+    index.save(str(out_dir))
+    return {"index_type": index_type, "params": index.params, "dim": dim}
+
+
+def _train_sample(chunks: list[Path], size: int, seed: int = 0) -> np.ndarray:
+    """An evenly spread random sample of up to `size` vectors across all chunks."""
+    mats = [np.load(p, mmap_mode="r") for p in chunks]
+    total = sum(len(m) for m in mats)
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(total, size=min(size, total), replace=False))
+    bounds = np.cumsum([0] + [len(m) for m in mats])
+    parts = []
+    for j, m in enumerate(mats):
+        sel = pick[(pick >= bounds[j]) & (pick < bounds[j + 1])] - bounds[j]
+        if len(sel):
+            parts.append(np.asarray(m[sel], dtype=np.float32))
+    return np.concatenate(parts)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)

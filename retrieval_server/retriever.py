@@ -1,0 +1,104 @@
+"""The search object the HTTP server holds: encoder + index + corpus store, loaded from an index directory.
+
+`load_retriever(dir)` reads `dir/manifest.json` (written last by `python -m retrieval_server build`, so its
+presence means the index is complete) and opens what it names: a dense FAISS index with its encoder, or BM25.
+
+Usage:
+    r = load_retriever("indexes/wiki_e5_flat", device="cuda")
+    rows, scores = r.search(["who wrote hamlet"], topk=3)   # one encoder forward + one index search
+    r.docs(rows[0])                                          # [{"id", "contents"}, ...]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from retrieval_server.corpus import CorpusStore
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+CORPUS_DIR = "corpus"
+MANIFEST_KEYS = ("encoder", "model_path", "pooling", "index_type", "params", "n_docs", "dim")
+
+
+class Retriever:
+    """Batched search over one index. Used from a single executor thread; not meant to be shared across threads."""
+
+    def __init__(self, manifest: dict, store: CorpusStore, index, encoder=None) -> None:
+        self.manifest = manifest
+        self.store = store
+        self.index = index  # DenseIndex or BM25Index: both have search(queries, k) -> (scores, rows)
+        self.encoder = encoder  # None for BM25
+        self.n_docs = int(manifest["n_docs"])
+        self.info = {k: manifest[k] for k in ("encoder", "index_type", "n_docs", "dim")}
+
+    def search(self, queries: list[str], topk: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Rows and scores per query, best first; `topk` is clipped to the corpus size."""
+        if not queries:
+            return [], []
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        k = min(int(topk), self.n_docs)
+        if self.encoder is None:
+            scores, rows = self.index.search(list(queries), k)
+        else:
+            scores, rows = self.index.search(self.encoder.encode_queries(list(queries)), k)
+        out_rows, out_scores = [], []
+        for r, s in zip(rows, scores, strict=True):
+            keep = r >= 0  # approximate indexes may find fewer than k
+            out_rows.append([int(x) for x in r[keep]])
+            out_scores.append([float(x) for x in np.asarray(s)[keep]])
+        return out_rows, out_scores
+
+    def docs(self, rows: list[int]) -> list[dict]:
+        return self.store.get(rows)
+
+
+def read_manifest(index_dir: str) -> dict:
+    path = Path(index_dir) / MANIFEST
+    if not Path(index_dir).is_dir():
+        raise FileNotFoundError(f"index directory {index_dir} does not exist")
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: the index in {index_dir} is incomplete (build interrupted?); "
+            "rerun `python -m retrieval_server build` with the same --out to finish it"
+        )
+    manifest = json.loads(path.read_text())
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}")
+    return manifest
+
+
+def load_retriever(index_dir: str, device: str = "cpu") -> Retriever:
+    """Open the index in `index_dir` for serving; clear error when it is missing or incomplete."""
+    manifest = read_manifest(index_dir)
+    store = CorpusStore.open(str(Path(index_dir) / CORPUS_DIR))
+    if len(store) != int(manifest["n_docs"]):
+        raise ValueError(f"corpus store has {len(store)} passages, manifest says {manifest['n_docs']}")
+    if manifest["index_type"] == "bm25":
+        from retrieval_server.bm25 import BM25_DIR, BM25Index
+
+        return Retriever(manifest, store, BM25Index.load(str(Path(index_dir) / BM25_DIR)))
+    from retrieval_server.encoders import load_encoder
+    from retrieval_server.index import DenseIndex
+
+    # MiniLM ships inside a Python package: resolve it again here, the build machine's venv path may not exist.
+    model_path = None if manifest["encoder"] == "minilm" else manifest["model_path"]
+    encoder = load_encoder(
+        manifest["encoder"],
+        device=device,
+        model_path=model_path,
+        pooling=manifest["pooling"],
+        max_length=int(manifest.get("max_length", 256)),
+    )
+    index = DenseIndex.load(index_dir, device=device)
+    if index.ntotal != len(store):
+        raise ValueError(f"index holds {index.ntotal} vectors, corpus {len(store)} passages")
+    logger.info("loaded %s %s index over %d passages from %s", manifest["encoder"], index.index_type, len(store), index_dir)
+    return Retriever(manifest, store, index, encoder)

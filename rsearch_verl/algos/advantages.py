@@ -1,0 +1,142 @@
+"""Advantage estimators, registered by name, and the placement of outcome scores on tokens.
+
+Pure tensor functions that wrap verl's `core_algos` (the same maths verl trains with), adding the guarantees
+our multi-turn batches need. Shapes: B trajectories, R response tokens. `response_mask` [B, R] is the loss mask
+(1 = token the policy sampled, 0 = observation inserted by the environment or padding):
+    * advantages and returns are exactly 0 wherever the mask is 0;
+    * rewards at mask-0 positions are ignored, and GAE / REINFORCE++ returns jump over masked spans (the value
+      chain links each policy token to the next policy token, as if observations were cut out);
+    * batches with fewer than 2 policy tokens (where whitening is undefined) give zero advantages, not NaN.
+`index` [B] holds the group id (uid) of each row: rows of one prompt form one GRPO / RLOO group.
+
+Estimators (`ADVANTAGE_ESTIMATORS`): gae (PPO, needs values), grpo, drgrpo (GRPO without the std division),
+rloo, reinforce_plus_plus, reinforce_plus_plus_baseline.
+
+Usage:
+    token_rewards = scores_to_token_rewards(scores, response_mask)        # [B] -> [B, R]
+    adv, ret = compute_advantage("grpo", token_level_rewards=token_rewards, response_mask=mask, index=uids)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import core_algos
+
+AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each row's scalar score ([B]) on its LAST policy token (mask 1) of a [B, R] zero tensor.
+
+    A row with no policy token gets all zeros.
+    """
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"scores must be [B] and response_mask [B, R]; got {tuple(scores.shape)}, {tuple(response_mask.shape)}"
+        )
+    valid = response_mask.bool()
+    positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(response_mask)
+    last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=-1).values  # -1 = no token
+    rewards = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    rewards[rows, last[rows]] = scores[rows].to(rewards.dtype)
+    return rewards
+
+
+def _gae(rewards, mask, index, values, gamma, lam, **_):
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs critic values (values=None)")
+    if values.shape != rewards.shape:
+        raise ValueError(f"values {tuple(values.shape)} and token_level_rewards {tuple(rewards.shape)} differ")
+    # masked values play no role in the maths; zeroing them keeps a NaN there from leaking through `0 * v`
+    values = torch.where(mask.bool(), values.to(rewards.dtype), torch.zeros_like(rewards))
+    return core_algos.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+
+
+def _grpo(rewards, mask, index, norm_adv_by_std_in_grpo, **_):
+    return core_algos.compute_grpo_outcome_advantage(
+        rewards, mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
+    )
+
+
+def _drgrpo(rewards, mask, index, **_):
+    return core_algos.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+
+
+def _rloo(rewards, mask, index, **_):
+    return core_algos.compute_rloo_outcome_advantage(rewards, mask, index)
+
+
+def _reinforce_pp(rewards, mask, index, gamma, **_):
+    return core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=AlgoConfig(gamma=gamma))
+
+
+def _reinforce_pp_baseline(rewards, mask, index, **_):
+    return core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, index)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "gae": _gae,
+    "grpo": _grpo,
+    "drgrpo": _drgrpo,
+    "rloo": _rloo,
+    "reinforce_plus_plus": _reinforce_pp,
+    "reinforce_plus_plus_baseline": _reinforce_pp_baseline,
+}
+# these whiten over all policy tokens of the batch (verl's masked_whiten needs >= 2 of them)
+_WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def compute_advantage(
+    name: str,
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Any,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ([B, R] each, float32, zero where `response_mask` is 0) of estimator `name`.
+
+    `token_level_rewards` [B, R]; `index` [B] group ids; `values` [B, R] for "gae" only. Unknown name -> ValueError.
+    """
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+    if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
+        raise ValueError(
+            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} must both be [B, R]"
+        )
+    if len(index) != token_level_rewards.shape[0]:
+        raise ValueError(f"index has {len(index)} entries for {token_level_rewards.shape[0]} rows")
+    mask = response_mask.to(torch.float32)
+    # rewards at observation/padding positions are not the policy's: drop them (they are 0 in normal batches)
+    rewards = torch.where(mask.bool(), token_level_rewards.to(torch.float32), torch.zeros_like(mask))
+    index = np.asarray(index, dtype=object)
+    if name in _WHITENED and int(mask.sum()) < 2:
+        return _degenerate(name, rewards, mask)
+    with torch.no_grad():
+        advantages, returns = ADVANTAGE_ESTIMATORS[name](
+            rewards,
+            mask,
+            index=index,
+            values=values,
+            gamma=gamma,
+            lam=lam,
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        )
+    return advantages * mask, returns * mask
+
+
+def _degenerate(name: str, rewards: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """< 2 policy tokens in the batch: whitening one value gives 0; the only return is that token's reward."""
+    advantages = torch.zeros_like(rewards)
+    returns = advantages if name == "reinforce_plus_plus_baseline" else rewards * mask
+    return advantages, returns

@@ -1,0 +1,294 @@
+"""Search-aware multi-turn rollout: one asynchronous agent loop per trajectory, token-in / token-out.
+
+Each trajectory runs on its own: generate until a protocol stop string or EOS, decode ONLY the new turn's tokens
+to parse the action, run the search, append the observation's token ids with response_mask 0, continue — up to
+`rollout.max_turns` turns and `rollout.max_response_length` response tokens (observations included). Trajectories
+never wait for each other: while one searches, the engine batches the others' generation. The sampled token ids
+are exactly the ones trained (nothing is re-tokenised), so a `<information>` block the policy forges itself is
+sampled text with mask 1.
+
+    traj = await run_trajectory(engine, tokenizer, protocol, search, prompt_ids, cfg, sampling)
+    batch = generate_batch(engine, tokenizer, prompts, cfg)      # DataProto with every rollout key of batch.py
+
+`generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
+`prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
+index (a rerun reproduces), and uses a `SearchClient` on `cfg.retriever.url` unless `search` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from verl import DataProto
+
+from rsearch_verl.config import RSearchConfig
+from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
+from rsearch_verl.rollout.protocols import SearchFn, SearchProtocol, get_protocol
+from rsearch_verl.search.client import SearchError
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MARKER = "...[truncated]"
+FINISH_REASONS = ("answer", "eos", "max_turns", "length", "stop")
+
+
+@dataclass
+class Trajectory:
+    response_ids: list[int] = field(default_factory=list)  # policy tokens and observation tokens, in order
+    response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = inserted observation
+    logprobs: list[float] = field(default_factory=list)  # rollout log-prob per token (0.0 on observations)
+    segments: list[tuple[str, str]] = field(default_factory=list)  # ("policy" | "observation", text)
+    n_searches: int = 0
+    n_search_errors: int = 0
+    n_turns: int = 0
+    finish_reason: str = "max_turns"
+    turn_timing: list[dict[str, float]] = field(default_factory=list)  # per turn {"gen_s", "search_s"}
+
+    @property
+    def response_text(self) -> str:
+        return "".join(text for _, text in self.segments)
+
+    def add(self, ids: list[int], mask: int, logprobs: list[float] | None, role: str, text: str) -> None:
+        self.response_ids.extend(ids)
+        self.response_mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.segments.append((role, text))
+
+
+class _CountingSearch:
+    """Wraps a SearchFn to count failures and time calls (the protocol turns failures into observations)."""
+
+    def __init__(self, search: SearchFn):
+        self.search = search
+        self.errors = 0
+        self.seconds = 0.0
+
+    async def __call__(self, queries: list[str], topk: int, source: str = "local"):
+        start = time.perf_counter()
+        try:
+            return await self.search(queries, topk, source)
+        except SearchError:
+            self.errors += 1
+            raise
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def observation_ids(tokenizer, text: str, limit: int, close_tag: str) -> tuple[list[int], str]:
+    """Token ids (and their text) of an observation, cut to `limit` tokens with a marker; the closing tag is kept
+    so the policy still sees a well-formed block."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= limit:
+        return ids, text
+    cut = text.rfind(close_tag) if close_tag else -1
+    tail_text = TRUNCATION_MARKER + (text[cut:] if cut >= 0 else "")
+    tail = tokenizer.encode(tail_text, add_special_tokens=False)
+    if len(tail) >= limit:  # a tiny limit: the marker alone
+        tail = tail[:limit]
+        return tail, tokenizer.decode(tail, skip_special_tokens=False)
+    head = ids[: limit - len(tail)]
+    return head + tail, tokenizer.decode(head + tail, skip_special_tokens=False)
+
+
+def _decode_turn(tokenizer, token_ids: list[int], finish_reason: str) -> str:
+    # the EOS token is trained (mask 1) but its text is not part of what the policy "said"
+    ids = token_ids[:-1] if finish_reason == "eos" else token_ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+async def run_trajectory(
+    engine: RolloutEngine,
+    tokenizer,
+    protocol: SearchProtocol,
+    search: SearchFn,
+    prompt_ids: list[int],
+    cfg: RSearchConfig,
+    sampling: SamplingParams,
+) -> Trajectory:
+    """One trajectory: turns of generation and search until an answer, EOS, max_turns or the token budget."""
+    rc = cfg.rollout
+    traj = Trajectory()
+    counted = search if isinstance(search, _CountingSearch) else _CountingSearch(search)
+    errors_before = counted.errors
+    for turn in range(rc.max_turns):
+        remaining = rc.max_response_length - len(traj.response_ids)
+        if remaining <= 0:
+            traj.finish_reason = "length"
+            break
+        seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + turn) % (2**63)
+        params = SamplingParams(
+            sampling.temperature, sampling.top_p, sampling.top_k, min(rc.max_tokens_per_turn, remaining), seed
+        )
+        start = time.perf_counter()
+        out = await engine.generate(prompt_ids + traj.response_ids, params, protocol.stop_strings)
+        timing = {"gen_s": time.perf_counter() - start, "search_s": 0.0}
+        traj.turn_timing.append(timing)
+        traj.n_turns += 1
+        text = _decode_turn(tokenizer, out.token_ids, out.finish_reason)
+        traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text)
+        action = protocol.parse_turn(text)
+        if action.kind == "answer":
+            traj.finish_reason = "answer"
+            break
+        if action.kind not in ("search", "invalid") or out.finish_reason != "stop":
+            traj.finish_reason = {"eos": "eos", "length": "length"}.get(out.finish_reason, "stop")
+            break
+        if turn == rc.max_turns - 1:  # no turn left to read the results: do not search for nothing
+            traj.finish_reason = "max_turns"
+            break
+        start = time.perf_counter()
+        obs = await protocol.observe(action, counted, cfg.retriever.topk)
+        timing["search_s"] = time.perf_counter() - start
+        traj.n_searches += int(action.kind == "search")
+        room = rc.max_response_length - len(traj.response_ids)
+        obs_ids, obs_text = observation_ids(tokenizer, obs, min(rc.max_obs_length, room), protocol.observation_close)
+        traj.add(obs_ids, 0, None, "observation", obs_text)
+        if len(traj.response_ids) >= rc.max_response_length:
+            traj.finish_reason = "length"
+            break
+    traj.n_search_errors = counted.errors - errors_before
+    return traj
+
+
+def trajectory_seed(base_seed: int, uid: str, row: int) -> int:
+    """A stable per-trajectory seed (crc32, not hash(): Python salts str hashes per process)."""
+    return zlib.crc32(f"{base_seed}:{uid}:{row}".encode()) * 1_000 + row % 1_000
+
+
+def _object_array(values: list) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):  # element-wise: numpy would turn equal-length lists into a 2-D array
+        arr[i] = v
+    return arr
+
+
+def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int, pad_prompt_to: int | None,
+                 pad_response_to: int | None) -> dict[str, torch.Tensor]:  # fmt: skip
+    width_p = max([len(p) for p in prompts] + [pad_prompt_to or 0])
+    width_r = max([len(t.response_ids) for t in trajs] + [pad_response_to or 0, 1])
+    b = len(trajs)
+    prompt_t = torch.full((b, width_p), pad_id, dtype=torch.long)
+    prompt_m = torch.zeros((b, width_p), dtype=torch.long)
+    resp_t = torch.full((b, width_r), pad_id, dtype=torch.long)
+    resp_attn = torch.zeros((b, width_r), dtype=torch.long)
+    resp_mask = torch.zeros((b, width_r), dtype=torch.long)
+    logp = torch.zeros((b, width_r), dtype=torch.float32)
+    for i, (p, t) in enumerate(zip(prompts, trajs, strict=True)):
+        prompt_t[i, width_p - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_m[i, width_p - len(p) :] = 1
+        n = len(t.response_ids)
+        if n:
+            resp_t[i, :n] = torch.tensor(t.response_ids, dtype=torch.long)
+            resp_attn[i, :n] = 1
+            resp_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.long)
+            logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32) * resp_mask[i, :n]
+    attn = torch.cat([prompt_m, resp_attn], dim=1)
+    return {
+        "prompts": prompt_t,
+        "responses": resp_t,
+        "input_ids": torch.cat([prompt_t, resp_t], dim=1),
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": resp_mask,
+        "rollout_log_probs": logp,
+    }
+
+
+def rollout_metrics(trajs: list[Trajectory], search, counted: _CountingSearch, wall_s: float) -> dict[str, float]:
+    searches = np.array([t.n_searches for t in trajs], dtype=float)
+    out = {
+        "rollout/searches_mean": float(searches.mean()),
+        "rollout/searches_max": float(searches.max()),
+        "rollout/turns_mean": float(np.mean([t.n_turns for t in trajs])),
+        "rollout/response_len_mean": float(np.mean([len(t.response_ids) for t in trajs])),
+        "rollout/policy_tokens_mean": float(np.mean([sum(t.response_mask) for t in trajs])),
+        "timing/rollout_s": wall_s,
+        "timing/search_s": counted.seconds,
+    }
+    for reason in FINISH_REASONS:
+        out[f"rollout/finish_{reason}"] = float(np.mean([t.finish_reason == reason for t in trajs]))
+    if hasattr(search, "metrics"):
+        out.update(search.metrics())
+    out["search/errors"] = float(counted.errors)  # failures the trajectories saw (after the client's retries)
+    return out
+
+
+async def generate_batch_async(
+    engine: RolloutEngine,
+    tokenizer,
+    prompts: DataProto,
+    cfg: RSearchConfig,
+    search: SearchFn | None = None,
+    *,
+    protocol: SearchProtocol | None = None,
+    pad_prompt_to: int | None = None,
+    pad_response_to: int | None = None,
+) -> DataProto:
+    """The async body of `generate_batch` (call it directly from code that already runs an event loop)."""
+    rc = cfg.rollout
+    validate = bool(prompts.meta_info.get("validate", False))
+    n, temperature = (rc.val_n, rc.val_temperature) if validate else (rc.n, rc.temperature)
+    batch = prompts.repeat(repeat_times=n, interleave=True)
+    nt = batch.non_tensor_batch
+    protocol = protocol or get_protocol(rc.protocol, **rc.protocol_kwargs)
+    own_client = search is None
+    if own_client:
+        from rsearch_verl.search.client import SearchClient
+
+        search = SearchClient(cfg.retriever)
+    counted = _CountingSearch(search)
+    base_seed = int(prompts.meta_info.get("seed", cfg.seed))
+    sem = asyncio.Semaphore(max(1, rc.max_concurrent_trajectories))
+
+    async def one(row: int) -> Trajectory:
+        sampling = SamplingParams(temperature, rc.top_p, rc.top_k, rc.max_tokens_per_turn)
+        sampling.seed = trajectory_seed(base_seed, str(nt["uid"][row]), row)
+        async with sem:
+            return await run_trajectory(engine, tokenizer, protocol, counted, list(nt["prompt_ids"][row]), cfg, sampling)
+
+    start = time.perf_counter()
+    try:
+        trajs = await asyncio.gather(*(one(i) for i in range(len(batch))))
+    finally:
+        if own_client:
+            await search.aclose()
+    metrics = rollout_metrics(trajs, search, counted, time.perf_counter() - start)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tensors = _pad_tensors([list(p) for p in nt["prompt_ids"]], trajs, pad_id, pad_prompt_to, pad_response_to)
+    non_tensors = {key: nt[key] for key in nt}
+    non_tensors.update(
+        response_text=_object_array([t.response_text for t in trajs]),
+        segments=_object_array([t.segments for t in trajs]),
+        n_searches=_object_array([t.n_searches for t in trajs]),
+        n_turns=_object_array([t.n_turns for t in trajs]),
+        finish_reason=_object_array([t.finish_reason for t in trajs]),
+        turn_timing=_object_array([t.turn_timing for t in trajs]),
+    )
+    meta = {**prompts.meta_info, "metrics": metrics}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+
+def generate_batch(
+    engine: RolloutEngine,
+    tokenizer,
+    prompts: DataProto,
+    cfg: RSearchConfig,
+    search: SearchFn | None = None,
+    **kwargs,
+) -> DataProto:
+    """Roll out every prompt (rollout.n samples each) and return the batch with all rollout keys of batch.py."""
+    coro = generate_batch_async(engine, tokenizer, prompts, cfg, search, **kwargs)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # called from inside a running loop (e.g. an async Ray actor): run on a private loop in a helper thread
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -1,0 +1,150 @@
+"""HF rollout engine: stop strings, EOS, max_tokens, seeding, greedy, batching and weight sync (real torch, tiny
+random Qwen2 built from a config, the offline BPE tokenizer).
+
+Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_hf_engine.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from rsearch_verl.config import RolloutConfig, TinyModelConfig
+from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
+from rsearch_verl.rollout.engines import SamplingParams, make_engine
+from rsearch_verl.rollout.engines.hf import HFEngine, ScriptedHFEngine, filtered_logprobs
+
+STOP = ["</search>", "</answer>"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+
+
+def _model(tok, seed: int = 0):
+    return build_tiny_qwen2(TinyModelConfig(), len(tok), seed=seed)
+
+
+def _forward_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """log p(tokens | prompt) by a plain, unbatched forward (the actor's view)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_stop_string_keeps_nothing_after_it(tok):
+    script = lambda ctx: "<think> hm </think><search> who founded it </search> extra words after"  # noqa: E731
+    engine = ScriptedHFEngine(_model(tok), tok, script)
+    try:
+        prompt = tok.encode("Question: x?")
+        out = _run(engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=64, seed=1), STOP))
+        text = tok.decode(out.token_ids)
+        assert out.finish_reason == "stop" and out.stop_string == "</search>"
+        assert text.endswith("</search>") and "extra" not in text
+        assert len(out.logprobs) == len(out.token_ids)
+        # the forced tokens' logprobs are the model's own (temperature 1, no filtering)
+        ref = _forward_logprobs(engine.model, prompt, out.token_ids)
+        assert torch.allclose(ref, torch.tensor(out.logprobs), atol=1e-5)
+    finally:
+        engine.close()
+
+
+def test_eos_and_max_tokens(tok):
+    engine = ScriptedHFEngine(_model(tok), tok, lambda ctx: "<answer> yes" + tok.eos_token + " more")
+    try:
+        prompt = tok.encode("Q")
+        out = _run(engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=64), STOP))
+        assert out.finish_reason == "eos" and out.token_ids[-1] == tok.eos_token_id
+        assert tok.decode(out.token_ids[:-1]) == "<answer> yes"
+        out = _run(engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=3), STOP))
+        assert out.finish_reason == "length" and len(out.token_ids) == 3
+    finally:
+        engine.close()
+
+
+def test_seed_reproduces_and_batching_matches_single_calls(tok):
+    engine = HFEngine(_model(tok), tok)
+    prompts = [tok.encode("Question: who wrote hamlet?"), tok.encode("hi"), tok.encode("The quick brown fox")]
+
+    async def many(seed_base: int):
+        calls = [engine.generate(p, SamplingParams(1.0, max_tokens=12, seed=seed_base + i), []) for i, p in
+                 enumerate(prompts)]  # fmt: skip
+        return await asyncio.gather(*calls)
+
+    try:
+        first, again, other = _run(many(10)), _run(many(10)), _run(many(99))
+        assert max(r.timing["batch_size"] for r in first) > 1  # concurrent calls shared a batch
+        assert [r.token_ids for r in first] == [r.token_ids for r in again]
+        assert [r.token_ids for r in first] != [r.token_ids for r in other]
+        # one call alone (no left padding) samples the same tokens as inside the padded batch
+        alone = _run(engine.generate(prompts[1], SamplingParams(1.0, max_tokens=12, seed=11), []))
+        assert alone.token_ids == first[1].token_ids
+        for p, r in zip(prompts, first, strict=True):
+            assert torch.allclose(_forward_logprobs(engine.model, p, r.token_ids), torch.tensor(r.logprobs), atol=1e-5)
+    finally:
+        engine.close()
+
+
+def test_greedy_is_argmax(tok):
+    engine = HFEngine(_model(tok), tok)
+    try:
+        prompt = tok.encode("Question: what is the capital?")
+        out = _run(engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=8), []))
+        with torch.no_grad():
+            ref = engine.model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :]
+        assert out.token_ids == ref.tolist()[: len(out.token_ids)]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_load_weights_matches_plain_forward_of_source_model(tok, temperature):
+    engine = make_engine(RolloutConfig(), _model(tok, seed=0), tok)
+    source = _model(tok, seed=1)
+    try:
+        prompt = tok.encode("Answer the given question.")
+        before = _run(engine.generate(prompt, SamplingParams(temperature, max_tokens=10, seed=3), []))
+        engine.load_weights(source.state_dict())
+        after = _run(engine.generate(prompt, SamplingParams(temperature, max_tokens=10, seed=3), []))
+        ref = _forward_logprobs(source, prompt, after.token_ids)
+        assert torch.allclose(ref, torch.tensor(after.logprobs), atol=1e-5)
+        assert not torch.allclose(_forward_logprobs(source, prompt, before.token_ids), torch.tensor(before.logprobs))
+    finally:
+        engine.close()
+
+
+def test_top_k_top_p_filtering():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    top1 = filtered_logprobs(logits, SamplingParams(temperature=1.0, top_k=1))
+    assert top1[0] == 0 and torch.isinf(top1[1:]).all()
+    p = torch.softmax(logits, -1)
+    nucleus = filtered_logprobs(logits, SamplingParams(temperature=1.0, top_p=float(p[0] + p[1]) - 1e-4))
+    kept = torch.isfinite(nucleus)
+    assert kept.tolist() == [True, True, False, False]
+    assert torch.allclose(nucleus[kept].exp().sum(), torch.tensor(1.0))
+    hot = filtered_logprobs(logits, SamplingParams(temperature=2.0))
+    assert torch.allclose(hot, torch.log_softmax(logits / 2, -1))
+
+
+def test_bad_requests_and_weights(tok):
+    engine = HFEngine(_model(tok), tok)
+    try:
+        with pytest.raises(ValueError):
+            _run(engine.generate([], SamplingParams(), []))
+        with pytest.raises(ValueError):
+            _run(engine.generate([1], SamplingParams(max_tokens=0), []))
+        with pytest.raises(KeyError):
+            engine.load_weights({"nope.weight": torch.zeros(1)})
+        with pytest.raises(ValueError):
+            make_engine(RolloutConfig(engine="sglang"), engine.model, tok)
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError):
+        _run(engine.generate([1], SamplingParams(), []))
