@@ -4,11 +4,11 @@
     python -m rsearch_verl.eval.viewer RUN_DIR --step 3 --out page.html [--tokenizer DIR]
 
 Reads `RUN_DIR/rollouts/step_<N>.jsonl` (DESIGN.md's dump line: prompt, response, response_ids, response_mask,
-reward, n_searches, ground_truth, ...). The response is rebuilt from `response_ids` + `response_mask` by decoding
-each contiguous run of equal mask with the run's tokenizer (`config.yaml` -> `model.tokenizer_path`, else
-`model.path`; nothing is downloaded), so observation tokens (mask 0) appear exactly as the trainer saw them, in
-`<span class="obs">` with a grey background. Without a tokenizer it uses a `segments` field when the dump has one
-(`[{"text": str, "mask": 0|1}, ...]`), else shows the plain response text unmarked.
+reward, n_searches, ground_truth, ...). Observation spans (mask 0, inserted by the environment) are shown in
+`<span class="obs">` with a grey background, policy tokens plain. The spans come from the dump's `segments` field
+when present (`[[text, 0|1], ...]`; the agent loop's `[role, text]` pairs work too); otherwise each contiguous run
+of equal `response_mask` is decoded with the run's tokenizer (`--tokenizer DIR`, else `config.yaml` ->
+`model.tokenizer_path` / `model.path`; nothing is downloaded); without either the response is shown unmarked.
 
 The page has inline CSS and JS only (no external resources) and every piece of text is HTML-escaped, so a
 trajectory containing `<information>` or `<script>` shows as text. A filter box narrows trajectories by text and
@@ -63,7 +63,8 @@ def _protocol_special_tokens(cfg: dict) -> list[str]:
 
     rollout = cfg.get("rollout") or {}
     try:
-        return list(get_protocol(rollout.get("protocol", "search_r1"), **(rollout.get("protocol_kwargs") or {})).special_tokens)
+        protocol = get_protocol(rollout.get("protocol", "search_r1"), **(rollout.get("protocol_kwargs") or {}))
+        return list(protocol.special_tokens)
     except Exception as exc:  # an unknown or renamed protocol must not stop the page; ids may then decode worse
         logger.warning("viewer: protocol tokens unavailable (%s)", exc)
         return []
@@ -128,8 +129,34 @@ def _mask_runs(ids: list[int], mask: list[int]) -> list[tuple[list[int], int]]:
     return runs
 
 
+_ROLE_MASK = {"observation": OBS, "obs": OBS, "policy": POLICY}
+
+
+def _segment(seg) -> tuple[str, int]:
+    """One dump segment as (text, mask). Accepted shapes: [text, 0|1], {"text", "mask"}, and the agent loop's
+    own ("policy" | "observation", text) / {"role", "text"}, so dumps written by either side read the same."""
+    if isinstance(seg, dict):
+        text, m = seg["text"], seg["mask"] if "mask" in seg else seg["role"]
+    else:
+        first, second = seg
+        text, m = (second, first) if isinstance(first, str) and first in _ROLE_MASK else (first, second)
+    if isinstance(m, str):
+        return str(text), _ROLE_MASK[m]
+    return str(text), OBS if int(m) == 0 else POLICY
+
+
 def response_segments(row: dict, tokenizer=None) -> list[tuple[str, int | None]]:
-    """The response as [(text, mask)] with mask 0 = observation, 1 = policy, None = unknown (no token data)."""
+    """The response as [(text, mask)] with mask 0 = observation, 1 = policy, None = unknown.
+
+    Order of preference: the dump's own `segments` (exact text, no tokenizer needed), then decoding each run of
+    equal `response_mask` with `tokenizer`, then the plain `response` as one unmarked span.
+    """
+    segments = row.get("segments")
+    if segments:
+        try:
+            return [_segment(seg) for seg in segments]
+        except (KeyError, TypeError, ValueError) as exc:  # a malformed field degrades to the next source
+            logger.warning("viewer: %s has unreadable segments (%s)", row.get("uid"), exc)
     ids, mask = row.get("response_ids"), row.get("response_mask")
     if tokenizer is not None and ids and mask and len(ids) == len(mask):
         if max(ids) < len(tokenizer):
@@ -138,13 +165,6 @@ def response_segments(row: dict, tokenizer=None) -> list[tuple[str, int | None]]
                 for run, m in _mask_runs(ids, mask)
             ]
         logger.warning("viewer: %s has ids beyond the tokenizer's vocabulary; not decoding", row.get("uid"))
-    segments = row.get("segments")
-    if segments:
-        out = []
-        for seg in segments:
-            text, m = (seg["text"], seg["mask"]) if isinstance(seg, dict) else (seg[0], seg[1])
-            out.append((str(text), OBS if int(m) == 0 else POLICY))
-        return out
     return [(str(row.get("response") or ""), None)]
 
 
@@ -226,7 +246,7 @@ def _render_response(segments: list[tuple[str, int | None]]) -> str:
 
 
 def _render_traj(index: int, row: dict, tokenizer) -> tuple[str, dict]:
-    """One <article> and its stats (observation / policy token counts)."""
+    """One <article> and its stats (observation / total token counts, and the same in characters)."""
     segments = response_segments(row, tokenizer)
     answer = extract_answer(row, segments)
     reward = row.get("reward")
@@ -248,20 +268,26 @@ def _render_traj(index: int, row: dict, tokenizer) -> tuple[str, dict]:
         f'<article class="traj" data-reward="{_fmt_num(reward) if reward is not None else "0"}" '
         f'data-searches="{int(row.get("n_searches") or 0)}">\n'
         f'<div class="meta">{" · ".join(fields)}</div>\n'
-        f"<details><summary>prompt</summary><pre class=\"prompt\">{html.escape(str(row.get('prompt') or ''))}</pre>"
+        f'<details><summary>prompt</summary><pre class="prompt">{html.escape(str(row.get("prompt") or ""))}</pre>'
         f"</details>\n<div>response{note}</div>\n"
         f'<pre class="response">{_render_response(segments)}</pre>\n</article>'
     )
-    return article, {"obs": sum(1 for m in mask if not m), "total": len(mask)}
+    stats = {
+        "obs": sum(1 for m in mask if not m),
+        "total": len(mask),
+        "obs_chars": sum(len(text) for text, m in segments if m == OBS),
+        "chars": sum(len(text) for text, m in segments if m is not None),
+    }
+    return article, stats
 
 
 def render_html(rows: list[dict], step: int, tokenizer=None, title: str | None = None) -> str:
     """The whole page for `rows` (dump lines of one step) as a string."""
-    articles, obs, total = [], 0, 0
+    articles, totals = [], {"obs": 0, "total": 0, "obs_chars": 0, "chars": 0}
     for i, row in enumerate(rows):
         article, stats = _render_traj(i, row, tokenizer)
         articles.append(article)
-        obs, total = obs + stats["obs"], total + stats["total"]
+        totals = {k: totals[k] + stats[k] for k in totals}
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     searches = [int(r.get("n_searches") or 0) for r in rows]
     n = max(len(rows), 1)
@@ -271,15 +297,19 @@ def render_html(rows: list[dict], step: int, tokenizer=None, title: str | None =
         f"mean reward <b>{_fmt_num(sum(rewards) / len(rewards) if rewards else None)}</b>",
         f"mean searches <b>{sum(searches) / n:.2f}</b>",
         f"searched at least once <b>{100 * sum(1 for s in searches if s > 0) / n:.0f}%</b>",
-        f"observation tokens <b>{100 * obs / total if total else 0:.1f}%</b>",
     ]
+    # Token share when the dump has masks (what the loss sees), else the character share of the marked text.
+    if totals["total"]:
+        summary.append(f"observation tokens <b>{100 * totals['obs'] / totals['total']:.1f}%</b>")
+    elif totals["chars"]:
+        summary.append(f"observation text <b>{100 * totals['obs_chars'] / totals['chars']:.1f}%</b> of characters")
     title = html.escape(title or f"rollouts, step {step}")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n<header>\n<h1>{title}</h1>\n"
         f'<div class="summary">{"".join(f"<span>{s}</span>" for s in summary)}</div>\n'
         '<div class="controls legend"><input id="filter" type="search" placeholder="filter trajectories by text">'
-        ' <label><input id="positive" type="checkbox"> reward &gt; 0 only</label> <span id="shown"></span>'
+        ' <label><input id="positive" type="checkbox"> reward &gt; 0 only</label> · <span id="shown"></span>'
         ' &nbsp; legend: <span class="pol">policy tokens (trained)</span>'
         ' <span class="obs">observation tokens (mask 0, inserted by the environment)</span></div>\n'
         "</header>\n<main>\n" + "\n".join(articles) + f"\n</main>\n<script>{_JS}</script>\n</body>\n</html>\n"
@@ -298,7 +328,8 @@ def write_viewer(run_dir: str, step: int | None = None, out: str | None = None, 
         step = steps[-1]
     rows = load_rollouts(run_dir, step)
     if isinstance(tokenizer, str) and tokenizer == "auto":
-        tokenizer = load_run_tokenizer(run_dir)
+        # Only dumps without `segments` need token decoding; loading a tokenizer can take seconds.
+        tokenizer = None if all(r.get("segments") for r in rows) else load_run_tokenizer(run_dir)
     out = out or os.path.join(run_dir, "rollouts", f"step_{step}.html")
     page = render_html(rows, step, tokenizer, title=f"{os.path.basename(os.path.abspath(run_dir))}: step {step}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
