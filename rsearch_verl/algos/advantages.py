@@ -9,8 +9,14 @@ our multi-turn batches need. Shapes: B trajectories, R response tokens. `respons
     * batches with fewer than 2 policy tokens (where whitening is undefined) give zero advantages, not NaN.
 `index` [B] holds the group id (uid) of each row: rows of one prompt form one GRPO / RLOO group.
 
-Estimators (`ADVANTAGE_ESTIMATORS`): gae (PPO, needs values), grpo, drgrpo (GRPO without the std division),
-rloo, reinforce_plus_plus, reinforce_plus_plus_baseline.
+Estimators (`ADVANTAGE_ESTIMATORS`): gae (PPO, needs values), grpo, drgrpo (GRPO without the std division; also
+registered as "dr_grpo"), rloo, reinforce_plus_plus, reinforce_plus_plus_baseline.
+
+GAE over observation spans: verl 0.9.1's `compute_gae_advantage_return` already carries `nextvalues` and the running
+GAE term unchanged through mask-0 positions, so the TD error of a policy token bootstraps from the value of the NEXT
+POLICY token (observations are cut out of the chain, discounting counts policy tokens only). We call it directly; the
+wrapper only zeroes values/rewards at masked positions first (a NaN there would otherwise survive `0 * v`) and zeroes
+the outputs there. REINFORCE++ returns skip observations the same way (verl does that too).
 
 Usage:
     token_rewards = scores_to_token_rewards(scores, response_mask)        # [B] -> [B, R]
@@ -84,6 +90,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "gae": _gae,
     "grpo": _grpo,
     "drgrpo": _drgrpo,
+    "dr_grpo": _drgrpo,  # the spelling of the issue / Dr.GRPO paper; config.py validates "drgrpo"
     "rloo": _rloo,
     "reinforce_plus_plus": _reinforce_pp,
     "reinforce_plus_plus_baseline": _reinforce_pp_baseline,

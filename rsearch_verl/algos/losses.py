@@ -12,8 +12,12 @@ Every loss takes an optional `denominator` (the global count from `agg_denominat
 ranks): then the sum of the micro-batch losses equals the loss of the whole mini-batch, whatever the split.
 
 Usage (inside a worker's update step):
-    loss, m = policy_loss(log_prob, old_log_prob, advantages, mask, clip_low=0.2, clip_high=0.28)
+    loss, m = policy_loss(old_log_prob, log_prob, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                          clip_ratio_c=3.0, loss_agg_mode="token-mean")
     loss = loss - entropy_coeff * agg_loss(entropy_from_logits(logits), mask, "token-mean")
+    if use_kl_loss:
+        kl, _ = kl_loss(log_prob, ref_log_prob, mask, "low_var_kl", "token-mean")
+        loss = loss + kl_coef * kl
 """
 
 from __future__ import annotations
@@ -46,21 +50,27 @@ def agg_denominator(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(dim=-1) > 0).sum())
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *, denominator: float | None = None) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *, denominator: float | None = None
+) -> torch.Tensor:
     """Aggregate a [B, R] per-token loss into a scalar (see the module docstring for the modes).
 
     `denominator` (optional) replaces the local count of `agg_denominator(mask, mode)`: pass the global count of a
     mini-batch split over micro-batches / ranks to get exactly the big-batch loss as a sum of the pieces.
+    FSDP / DDP AVERAGE gradients over ranks, so a worker multiplies this loss by the world size (verl's `dp_size`)
+    to make the reduced gradient that of the summed loss.
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {list(LOSS_AGG_MODES)}")
     _check_same_shape(loss_mat=loss_mat, mask=mask)
     if denominator is not None and not denominator > 0:
         raise ValueError(f"denominator must be > 0, got {denominator}")
+    # masked entries become exact zeros (with zero gradient): an inf/NaN there would survive verl's `loss * mask`
+    loss_mat = torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))
     mask = mask.to(loss_mat.dtype)
     # zero (not NaN) loss that stays in the graph when the micro-batch holds only observations/padding
     if not bool(mask.any()):
-        return (torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
+        return loss_mat.sum()
     return core_algos.agg_loss(
         loss_mat=loss_mat,
         loss_mask=mask,
@@ -71,27 +81,29 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *, denominat
 
 
 def policy_loss(
-    log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    response_mask: torch.Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped PPO surrogate `max(-A·ρ, -A·clip(ρ, 1-clip_low, 1+clip_high))`, all [B, R] inputs.
+    """Clipped PPO surrogate `max(-A·ρ, -A·clip(ρ, 1-clip_ratio_low, 1+clip_ratio_high))`, all [B, R] inputs.
 
-    For A < 0 and `clip_ratio_c > 1` the loss is further capped at `-A·clip_ratio_c` (dual-clip PPO,
-    arXiv:1912.09729); `clip_ratio_c <= 1` turns dual-clip off. ρ = exp(log_prob - old_log_prob) with the
-    log-ratio clamped to ±20 as in verl. Returns (scalar loss, metrics "actor/pg_loss", "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower", "actor/ppo_kl").
+    Argument order is verl's (`old_log_prob` first). For A < 0 the loss is further capped at `-A·clip_ratio_c`
+    (dual-clip PPO, arXiv:1912.09729); `clip_ratio_c=None` (or <= 1, the config's convention) turns dual-clip off.
+    ρ = exp(log_prob - old_log_prob) with the log-ratio clamped to ±20 as in verl. Returns (scalar loss, metrics
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl").
+    The maths is verl's `compute_policy_loss_vanilla` (tested equal); it is restated here because verl's version
+    asserts dual-clip on, takes a verl ActorConfig, and lets a NaN at a masked position leak into the loss.
     """
-    _check_same_shape(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, mask=mask)
-    mask_f = mask.to(log_prob.dtype)
-    valid = mask.bool()
+    _check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, mask=response_mask)
+    mask_f = response_mask.to(log_prob.dtype)
+    valid = response_mask.bool()
     # masked positions get log-ratio 0 and advantage 0, so garbage there cannot reach values or gradients
     log_ratio = torch.where(valid, log_prob - old_log_prob, torch.zeros_like(log_prob))
     log_ratio = torch.clamp(log_ratio, min=-20.0, max=20.0)
@@ -99,17 +111,17 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
 
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
     clipfrac = masked_token_mean(torch.gt(clipped, unclipped).to(mask_f.dtype), mask_f)
     clipfrac_lower = torch.zeros((), dtype=mask_f.dtype)
-    if clip_ratio_c > 1.0:
+    if clip_ratio_c is not None and clip_ratio_c > 1.0:
         dual = -adv * clip_ratio_c
         lower_hit = torch.gt(losses, dual) & (adv < 0)
         clipfrac_lower = masked_token_mean(lower_hit.to(mask_f.dtype), mask_f)
         losses = torch.where(adv < 0, torch.minimum(losses, dual), losses)
 
-    loss = agg_loss(losses, mask_f, agg_mode, denominator=denominator)
+    loss = agg_loss(losses, mask_f, loss_agg_mode, denominator=denominator)
     metrics = {
         "actor/pg_loss": float(loss.detach()),
         "actor/pg_clipfrac": float(clipfrac),
@@ -123,21 +135,22 @@ def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
-    mask: torch.Tensor,
+    response_mask: torch.Tensor,
     *,
-    cliprange: float = 0.5,
-    agg_mode: str = "token-mean",
+    cliprange_value: float = 0.5,
+    loss_agg_mode: str = "token-mean",
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped value loss `0.5 * agg(max((v - G)², (clip(v, v_old ± cliprange) - G)²))` over [B, R] inputs.
+    """Clipped value loss `0.5 * agg(max((v - G)², (clip(v, v_old ± cliprange_value) - G)²))` over [B, R] inputs.
 
-    Returns (scalar loss, metrics "critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean").
+    `values` are the critic's current predictions (with grad), `old_values` those of the rollout. Delegates to verl's
+    `compute_value_loss`. Returns (scalar loss, metrics "critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean").
     """
-    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
-    if agg_mode not in LOSS_AGG_MODES:  # verl accepts more modes than we support; keep one vocabulary
-        raise ValueError(f"unknown loss_agg_mode {agg_mode!r}; known: {list(LOSS_AGG_MODES)}")
-    mask_f = mask.to(values.dtype)
-    valid = mask.bool()
+    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=response_mask)
+    if loss_agg_mode not in LOSS_AGG_MODES:  # verl accepts more modes than we support; keep one vocabulary
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; known: {list(LOSS_AGG_MODES)}")
+    mask_f = response_mask.to(values.dtype)
+    valid = response_mask.bool()
     # replace masked entries with harmless values so their (unused) squares cannot be inf/NaN in backward
     old_values = torch.where(valid, old_values, values.detach())
     returns = torch.where(valid, returns, values.detach())
@@ -147,13 +160,13 @@ def value_loss(
             returns=returns,
             values=old_values,
             response_mask=mask_f,
-            cliprange_value=cliprange,
-            loss_agg_mode=agg_mode,
+            cliprange_value=cliprange_value,
+            loss_agg_mode=loss_agg_mode,
             batch_num_tokens=denominator,
             global_batch_size=denominator,
         )
     else:
-        loss, clipfrac = agg_loss(values * 0.0, mask_f, agg_mode), torch.zeros(())
+        loss, clipfrac = agg_loss(values * 0.0, mask_f, loss_agg_mode), torch.zeros(())
     metrics = {
         "critic/vf_loss": float(loss.detach()),
         "critic/vf_clipfrac": float(clipfrac),
@@ -170,20 +183,20 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def kl_loss(
     log_prob: torch.Tensor,
     ref_log_prob: torch.Tensor,
-    mask: torch.Tensor,
-    *,
+    response_mask: torch.Tensor,
     kind: str,
-    agg_mode: str,
+    loss_agg_mode: str = "token-mean",
+    *,
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-to-reference loss (GRPO style): `agg(kl_estimate(log_prob, ref_log_prob, kind))` over policy tokens.
 
     Returns (scalar loss, {"actor/kl_loss": float}).
     """
-    _check_same_shape(log_prob=log_prob, ref_log_prob=ref_log_prob, mask=mask)
-    valid = mask.bool()
+    _check_same_shape(log_prob=log_prob, ref_log_prob=ref_log_prob, mask=response_mask)
+    valid = response_mask.bool()
     # equal inputs at masked positions -> KL 0 there for every estimator, with a zero gradient
     ref_log_prob = torch.where(valid, ref_log_prob, log_prob.detach())
     kl = kl_estimate(log_prob, ref_log_prob, kind)
-    loss = agg_loss(kl, mask.to(kl.dtype), agg_mode, denominator=denominator)
+    loss = agg_loss(kl, response_mask.to(kl.dtype), loss_agg_mode, denominator=denominator)
     return loss, {"actor/kl_loss": float(loss.detach())}

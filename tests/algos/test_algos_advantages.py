@@ -38,7 +38,7 @@ def run(name, rewards, mask, values, index, **kw):
 def verl_reference(name, rewards, mask, values, index, gamma, lam):
     if name == "gae":
         return core_algos.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
-    if name in ("grpo", "drgrpo"):
+    if name in ("grpo", "drgrpo", "dr_grpo"):
         return core_algos.compute_grpo_outcome_advantage(
             rewards.clone(), mask, index, norm_adv_by_std_in_grpo=name == "grpo"
         )
@@ -150,3 +150,10 @@ def test_bad_input_errors():
         run("gae", rewards, mask, None, index)
     with pytest.raises(ValueError, match="index"):
         run("grpo", rewards, mask, None, index[:3])
+
+
+def test_grpo_without_std_is_drgrpo():
+    rewards, mask, values, index = make_batch(6)
+    plain, _ = run("grpo", rewards, mask, values, index, norm_adv_by_std_in_grpo=False)
+    for name in ("drgrpo", "dr_grpo"):
+        torch.testing.assert_close(run(name, rewards, mask, values, index)[0], plain)

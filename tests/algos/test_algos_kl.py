@@ -74,3 +74,18 @@ def test_unknown_estimator_lists_the_known_ones():
     with pytest.raises(ValueError, match="differ"):
         kl_estimate(x, torch.zeros(3), "k1")
     assert {"k1", "k2", "k3", "abs", "mse", "low_var_kl"} <= set(KL_KINDS)
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_apply_kl_penalty_matches_verl_on_policy_tokens(kind):
+    gen = torch.Generator().manual_seed(1)
+    old, ref = (0.7 * torch.randn(4, 9, generator=gen) for _ in range(2))
+    scores = torch.zeros(4, 9)
+    scores[:, -1] = torch.randn(4, generator=gen)
+    mask = (torch.rand(4, 9, generator=gen) > 0.3).float()
+    rewards, _ = apply_kl_penalty(scores, old, ref, mask, beta=0.05, kind=kind)
+    # verl's ray_trainer.apply_kl_penalty: scores - beta * kl_penalty(...) * response_mask
+    expected = scores - 0.05 * core_algos.kl_penalty(old, ref, KL_KINDS[kind]) * mask
+    torch.testing.assert_close(rewards, expected)
+    if kind == "k1":
+        torch.testing.assert_close(rewards, core_algos.compute_rewards(scores, old * mask, ref * mask, 0.05))
