@@ -180,8 +180,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     results = asyncio.run(run_all(args))
     walls: dict[str, list[float]] = {}
-    print(f"{args.n} trajectories (0-3 searches each, scripted turn text), retriever {args.latency_ms:.0f} ms/request, "  # noqa: T201
-          f"max_tokens_per_turn={args.max_tokens_per_turn}, tiny Qwen2 h={args.hidden} L={args.layers} on CPU")  # fmt: skip
+    print(f"{args.n} trajectories (0-3 searches each, scripted turn text), "  # noqa: T201
+          f"retriever {args.latency_ms:.0f} ms/request, "
+          f"max_tokens_per_turn={args.max_tokens_per_turn}, "
+          f"tiny Qwen2 h={args.hidden} L={args.layers} on CPU")  # fmt: skip
     head = f"{'loop':<20}{'wall s':>9}{'traj/s':>9}{'searches':>10}{'generated':>11}{'discarded':>11}{'retok!=':>9}"
     print(head)  # noqa: T201
     print("-" * len(head))  # noqa: T201
@@ -191,8 +193,10 @@ def main() -> None:
               f"{s['discarded']:>11}{s['retok_mismatch']:>9}")  # fmt: skip
     mean = {k: sum(v) / len(v) for k, v in walls.items()}
     print(f"speed-up vs turn-sync+stop: {mean['turn-sync + stop'] / mean['async (ours)']:.2f}x")  # noqa: T201
-    print(f"speed-up async vs turn-synchronous (Search-R1 style): "  # noqa: T201
-          f"{mean['turn-sync (S-R1)'] / mean['async (ours)']:.2f}x")
+    print(
+        f"speed-up async vs turn-synchronous (Search-R1 style): "  # noqa: T201
+        f"{mean['turn-sync (S-R1)'] / mean['async (ours)']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -12,13 +12,17 @@ sampled text with mask 1.
 
 `generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
 `prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
-index (a rerun reproduces), and uses a `SearchClient` on `cfg.retriever.url` unless `search` is given.
+index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever` (see
+`process_search_client`) unless `search` is given; its metrics window is reset per batch (`search/*` in
+`meta_info["metrics"]`, next to `rollout/*` and `timing/*`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import logging
 import time
 import zlib
@@ -28,10 +32,10 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from rsearch_verl.config import RSearchConfig
+from rsearch_verl.config import RetrieverConfig, RSearchConfig
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchFn, SearchProtocol, get_protocol
-from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.client import SearchClient, SearchError
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +101,16 @@ def observation_ids(tokenizer, text: str, limit: int, close_tag: str) -> tuple[l
     return head + tail, tokenizer.decode(head + tail, skip_special_tokens=False)
 
 
-def _decode_turn(tokenizer, token_ids: list[int], finish_reason: str) -> str:
-    # the EOS token is trained (mask 1) but its text is not part of what the policy "said"
-    ids = token_ids[:-1] if finish_reason == "eos" else token_ids
-    return tokenizer.decode(ids, skip_special_tokens=False)
+def hidden_token_ids(tokenizer, protocol: SearchProtocol) -> frozenset[int]:
+    """Special tokens left out of response text (EOS, pad, BOS, chat markers): all of the tokenizer's special ids
+    except the protocol's own tags (R1-Searcher's `<|begin_of_query|>` is special yet is what the policy said)."""
+    keep = set(tokenizer.convert_tokens_to_ids(list(protocol.special_tokens))) if protocol.special_tokens else set()
+    return frozenset(int(i) for i in tokenizer.all_special_ids) - keep
+
+
+def _decode_turn(tokenizer, token_ids: list[int], hidden: frozenset[int]) -> str:
+    # EOS / pad are trained (mask 1) when sampled, but their text is not part of what the policy "said"
+    return tokenizer.decode([t for t in token_ids if t not in hidden], skip_special_tokens=False)
 
 
 async def run_trajectory(
@@ -117,6 +127,7 @@ async def run_trajectory(
     traj = Trajectory()
     counted = search if isinstance(search, _CountingSearch) else _CountingSearch(search)
     errors_before = counted.errors
+    hidden = hidden_token_ids(tokenizer, protocol)
     for turn in range(rc.max_turns):
         remaining = rc.max_response_length - len(traj.response_ids)
         if remaining <= 0:
@@ -131,7 +142,7 @@ async def run_trajectory(
         timing = {"gen_s": time.perf_counter() - start, "search_s": 0.0}
         traj.turn_timing.append(timing)
         traj.n_turns += 1
-        text = _decode_turn(tokenizer, out.token_ids, out.finish_reason)
+        text = _decode_turn(tokenizer, out.token_ids, hidden)
         traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text)
         action = protocol.parse_turn(text)
         if action.kind == "answer":
@@ -155,6 +166,17 @@ async def run_trajectory(
             break
     traj.n_search_errors = counted.errors - errors_before
     return traj
+
+
+@functools.lru_cache(maxsize=8)
+def _client_for(retriever_key: tuple) -> SearchClient:
+    return SearchClient(RetrieverConfig(*retriever_key))
+
+
+def process_search_client(retriever: RetrieverConfig) -> SearchClient:
+    """The process's one SearchClient for this retriever config (cache, connection pool and metrics shared by every
+    batch; it rebinds itself to each new event loop)."""
+    return _client_for(dataclasses.astuple(retriever))
 
 
 def trajectory_seed(base_seed: int, uid: str, row: int) -> int:
@@ -215,7 +237,7 @@ def rollout_metrics(trajs: list[Trajectory], search, counted: _CountingSearch, w
     for reason in FINISH_REASONS:
         out[f"rollout/finish_{reason}"] = float(np.mean([t.finish_reason == reason for t in trajs]))
     if hasattr(search, "metrics"):
-        out.update(search.metrics())
+        out.update(search.metrics(reset=True))  # one window per batch (per training step)
     out["search/errors"] = float(counted.errors)  # failures the trajectories saw (after the client's retries)
     return out
 
@@ -240,9 +262,7 @@ async def generate_batch_async(
     protocol = protocol or get_protocol(rc.protocol, **rc.protocol_kwargs)
     own_client = search is None
     if own_client:
-        from rsearch_verl.search.client import SearchClient
-
-        search = SearchClient(cfg.retriever)
+        search = process_search_client(cfg.retriever)
     counted = _CountingSearch(search)
     base_seed = int(prompts.meta_info.get("seed", cfg.seed))
     sem = asyncio.Semaphore(max(1, rc.max_concurrent_trajectories))
@@ -251,7 +271,8 @@ async def generate_batch_async(
         sampling = SamplingParams(temperature, rc.top_p, rc.top_k, rc.max_tokens_per_turn)
         sampling.seed = trajectory_seed(base_seed, str(nt["uid"][row]), row)
         async with sem:
-            return await run_trajectory(engine, tokenizer, protocol, counted, list(nt["prompt_ids"][row]), cfg, sampling)
+            prompt_ids = list(nt["prompt_ids"][row])
+            return await run_trajectory(engine, tokenizer, protocol, counted, prompt_ids, cfg, sampling)
 
     start = time.perf_counter()
     try:

@@ -2,10 +2,11 @@
 
     write_rollout_dump("outputs/run/rollouts/step_3.jsonl", batch, tokenizer)
 
-Each line: {"uid", "prompt", "response", "response_ids": [int], "response_mask": [0|1], "reward", "n_searches",
-"ground_truth", "data_source"}. `response_ids` / `response_mask` hold only the real response tokens (padding
-removed); mask 0 exactly on observation tokens the environment inserted. The file is written to a temporary name
-and renamed, so a reader never sees half a dump.
+Each line: {"uid", "index", "prompt", "response", "response_ids": [int], "response_mask": [0|1], "reward",
+"n_searches", "ground_truth", "data_source"} (`index`: the prompt's dataset id, null when the batch has none).
+`response_ids` / `response_mask` hold only the real response tokens (padding removed); mask 0 exactly on
+observation tokens the environment inserted. The file is written to a temporary name and renamed, so a reader
+never sees half a dump.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _reward(batch: DataProto, i: int):
     nt = batch.non_tensor_batch
     if "reward" in nt:
         return float(nt["reward"][i])
-    if batch.batch is not None and "token_level_scores" in batch.batch.keys():
+    if batch.batch is not None and "token_level_scores" in batch.batch.keys():  # noqa: SIM118 - TensorDict
         return float(batch.batch["token_level_scores"][i].sum())
     return None
 
@@ -57,6 +58,7 @@ def dump_rows(batch: DataProto, tokenizer) -> list[dict]:
         rows.append(
             {
                 "uid": str(nt["uid"][i]) if "uid" in nt else str(i),
+                "index": _plain(nt["index"][i]) if "index" in nt else None,
                 "prompt": prompt,
                 "response": response,
                 "response_ids": ids,

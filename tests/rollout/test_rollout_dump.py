@@ -1,7 +1,7 @@
 """Rollout dump: DESIGN.md's line contract, padding removed, masks exact, atomic write into new directories.
 
-The batch comes from the real agent loop (scripted HF engine, tiny Qwen2) with an in-process search function, so
-the dump is checked on exactly what the trainer would write.
+The batch comes from the real agent loop (scripted HF engine, tiny Qwen2) searching the real BM25 retrieval server
+of conftest.py, so the dump is checked on exactly what the trainer would write.
 Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_dump.py
 """
 
@@ -13,20 +13,14 @@ import os
 import numpy as np
 import pytest
 
-from rsearch_verl.config import RSearchConfig, TinyModelConfig
+from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
-from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
 from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
-from rsearch_verl.rollout.protocols import Doc
 
-KEYS = {"uid", "prompt", "response", "response_ids", "response_mask", "reward", "n_searches", "ground_truth",
+KEYS = {"uid", "index", "prompt", "response", "response_ids", "response_mask", "reward", "n_searches", "ground_truth",
         "data_source"}  # fmt: skip
-
-
-async def fake_search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
-    return [[Doc(id="0", contents='"Hamlet"\nHamlet is a tragedy by William Shakespeare.')] for _ in queries]
 
 
 def script(ctx: str) -> str:
@@ -36,17 +30,17 @@ def script(ctx: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def batch_and_tok():
-    tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
-    engine = ScriptedHFEngine(build_tiny_qwen2(TinyModelConfig(), len(tok)), tok, script)
+def batch_and_tok(retrieval_url, tok, model):
+    engine = ScriptedHFEngine(model, tok, script)
     rows = [
         {"prompt": f"Q: {q}\n", "golden_answers": ["Shakespeare", "W. S."], "question": q, "data_source": "toy"}
         for q in ("who wrote hamlet? twice", "short one")
     ]
     prompts = PromptDataset(rows, tok, max_prompt_length=64).to_batch([0, 1], uids=["u0", "u1"])
     cfg = RSearchConfig()
+    cfg.retriever.url = retrieval_url
     try:
-        batch = generate_batch(engine, tok, prompts, cfg, search=fake_search)
+        batch = generate_batch(engine, tok, prompts, cfg)
     finally:
         engine.close()
     batch.non_tensor_batch["reward"] = np.array([1.0, 0.0], dtype=object)
@@ -56,10 +50,12 @@ def batch_and_tok():
 def test_dump_lines_follow_the_contract(batch_and_tok, tmp_path):
     batch, tok = batch_and_tok
     path = write_rollout_dump(str(tmp_path / "new" / "dir" / "step_3.jsonl"), batch, tok)
-    lines = [json.loads(line) for line in open(path)]
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
     assert len(lines) == 2 and all(set(line) == KEYS for line in lines)
     first, second = lines
     assert (first["uid"], first["reward"], first["n_searches"], first["data_source"]) == ("u0", 1.0, 2, "toy")
+    assert (first["index"], second["index"]) == ("0", "1")
     assert first["ground_truth"] == ["Shakespeare", "W. S."] and first["prompt"].startswith("Q: who wrote")
     assert len(first["response_ids"]) == len(first["response_mask"]) > len(second["response_ids"])  # no padding
     assert tok.decode(first["response_ids"]) == first["response"]

@@ -71,7 +71,7 @@ class BatchingEngine(RolloutEngine):
         self.gather_s = gather_ms / 1000.0
         self.max_batch = max_batch
         self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()  # weights never change under a running batch
+        self._lock = threading.RLock()  # weights never change under a running batch (re-entered by run_batch)
         self._thread = threading.Thread(target=self._worker, name=f"{type(self).__name__}-batcher", daemon=True)
         self._closed = False
         self._thread.start()

