@@ -3,7 +3,7 @@
 Everything here is called by name from the config (`algorithm.adv_estimator`, `algorithm.kl_penalty`,
 `actor.loss_agg_mode`, ...) and wraps verl's `core_algos` where it already does the job. See each module:
     advantages.py  ADVANTAGE_ESTIMATORS, compute_advantage, scores_to_token_rewards
-    losses.py      agg_loss, policy_loss, value_loss, entropy_from_logits, kl_loss
+    losses.py      agg_loss, agg_denominator, policy_loss, value_loss, entropy_from_logits, kl_loss
     kl.py          kl_estimate, apply_kl_penalty, kl_coef_at
 """
 
@@ -11,6 +11,7 @@ from rsearch_verl.algos.advantages import ADVANTAGE_ESTIMATORS, compute_advantag
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at, kl_estimate
 from rsearch_verl.algos.losses import (
     LOSS_AGG_MODES,
+    agg_denominator,
     agg_loss,
     entropy_from_logits,
     kl_loss,
@@ -21,6 +22,7 @@ from rsearch_verl.algos.losses import (
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "agg_denominator",
     "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",

@@ -55,8 +55,6 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
 
 
 def _gae(rewards, mask, index, values, gamma, lam, **_):
-    if values is None:
-        raise ValueError("advantage estimator 'gae' needs critic values (values=None)")
     if values.shape != rewards.shape:
         raise ValueError(f"values {tuple(values.shape)} and token_level_rewards {tuple(rewards.shape)} differ")
     # masked values play no role in the maths; zeroing them keeps a NaN there from leaking through `0 * v`
@@ -121,6 +119,8 @@ def compute_advantage(
             f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
             f"{tuple(response_mask.shape)} must both be [B, R]"
         )
+    if name == "gae" and values is None:
+        raise ValueError("advantage estimator 'gae' needs critic values (values=None)")
     if len(index) != token_level_rewards.shape[0]:
         raise ValueError(f"index has {len(index)} entries for {token_level_rewards.shape[0]} rows")
     mask = response_mask.to(torch.float32)

@@ -148,6 +148,8 @@ def test_bad_input_errors():
         run("ppo2", rewards, mask, values, index)
     with pytest.raises(ValueError, match="values"):
         run("gae", rewards, mask, None, index)
+    with pytest.raises(ValueError, match="values"):  # also on a batch too small to whiten
+        run("gae", rewards, torch.zeros_like(mask), None, index)
     with pytest.raises(ValueError, match="index"):
         run("grpo", rewards, mask, None, index[:3])
 
