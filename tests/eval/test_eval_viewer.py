@@ -230,3 +230,43 @@ def test_live_dom_marks_observations_and_filters(tmp_path):
     assert "showing 3 of 3" in dom  # the page's script ran
     filtered = _parse(_chromium(tmp_path, "--dump-dom", f"file://{page}#q=lyon").stdout)
     assert filtered.articles == 3 and filtered.hidden == 2  # only the forged-observation trajectory mentions Lyon
+
+
+def test_real_dump_without_segments_decodes_with_run_tokenizer(tmp_path):
+    """The trainer's own dump writer (rsearch_verl.rollout.dump) -> viewer, tokenizer taken from config.yaml."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    from rsearch_verl.rollout.dump import write_rollout_dump
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("model:\n  path: tiny\n  tokenizer_path: null\n")
+    tok = load_run_tokenizer(str(run_dir))
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    prompt, pol, obs, ans = enc("where is it"), enc("search it"), enc("a document about it"), enc("answer it")
+    resp = pol + obs + ans
+    width, pad = len(resp) + 3, tok.pad_token_id  # right padding after the response, as the rollout pads
+    responses = torch.tensor([resp + [pad] * 3])
+    response_mask = torch.tensor([[1] * len(pol) + [0] * len(obs) + [1] * len(ans) + [0] * 3])
+    attention = torch.tensor([[1] * len(prompt) + [1] * len(resp) + [0] * 3])
+    batch = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([prompt]),
+            "responses": responses,
+            "response_mask": response_mask,
+            "attention_mask": attention,
+        },
+        non_tensors={"uid": np.array(["u0"], dtype=object), "reward": np.array([0.5]), "n_searches": np.array([1])},
+    )
+    assert responses.shape[1] == width
+    write_rollout_dump(str(run_dir / "rollouts" / "step_0.jsonl"), batch, tok)
+    page_path = write_viewer(str(run_dir))  # tokenizer="auto": the dump has no segments, so config.yaml is read
+    spans = _parse(_read(page_path))
+    assert spans.obs == [tok.decode(obs, skip_special_tokens=False, clean_up_tokenization_spaces=False)]
+    assert "document" in spans.obs[0]
+    assert f"tokens {len(resp)} ({len(obs)} observation)" in _read(page_path)
