@@ -56,3 +56,22 @@ def loss_mask(batch_tensors, mask_observations: bool) -> torch.Tensor:
     if mask_observations:
         return mask
     return response_attention(batch_tensors["attention_mask"], mask.shape[1]).to(mask.dtype)
+
+
+def trim_padding(tensors) -> None:
+    """Drop the prompt columns that are padding in every row (left) and the response columns that are padding in
+    every row (right), in place. Workers pad their chunks to fixed widths so the chunks concatenate."""
+    prompt_len = tensors["prompts"].shape[1]
+    attn = tensors["attention_mask"]
+    real_p = attn[:, :prompt_len].any(dim=0).nonzero()
+    real_r = attn[:, prompt_len:].any(dim=0).nonzero()
+    first = int(real_p[0]) if len(real_p) else prompt_len - 1
+    last = int(real_r[-1]) + 1 if len(real_r) else 1
+    for key in list(tensors.keys()):
+        value = tensors[key]
+        if key == "prompts":
+            tensors[key] = value[:, first:]
+        elif key in ("input_ids", "attention_mask", "position_ids"):
+            tensors[key] = torch.cat([value[:, first:prompt_len], value[:, prompt_len : prompt_len + last]], dim=1)
+        elif value.dim() == 2 and value.shape[1] == attn.shape[1] - prompt_len:
+            tensors[key] = value[:, :last]

@@ -25,7 +25,7 @@ from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.logging import MetricsLogger, truncate_metrics
-from rsearch_verl.workers.placement import WorkerGroups
+from rsearch_verl.workers.placement import WorkerGroups, reduce_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -175,4 +175,4 @@ class Trainer:
 
 
 def _worker_metrics(out: DataProto) -> dict[str, float]:
-    return dict(out.meta_info.get("metrics", {}))
+    return reduce_metrics(out.meta_info)

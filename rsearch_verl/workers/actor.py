@@ -1,0 +1,184 @@
+"""The actor worker: the FSDP2-sharded policy, its frozen reference copy and (colocated placement) the rollout
+engine, in one process per device — verl's "hybrid" layout on our own worker built on `verl.single_controller`.
+
+Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO splits the batch over ranks):
+    init_model()                       build, shard, optimizer + LR schedule; the rollout engine when colocated
+    compute_log_prob(batch)            -> old_log_probs [B, R]
+    compute_ref_log_prob(batch)        -> ref_log_prob [B, R]
+    update_actor(batch)                PPO epochs over mini-batches; meta_info["metrics"] (actor/*)
+    generate_sequences(prompts)        the search-aware rollout on this rank's prompts (colocated only)
+    sync_rollout_weights()             full state dict -> this process's engine (colocated only)
+    full_state_dict()                  the gathered weights (split placement: the driver ships them)
+    save_checkpoint(dir) / load_checkpoint(dir)   per-rank shards + optimizer + scheduler + RNG; HF export in dir/hf
+
+Every loss uses `rsearch_verl.batch.loss_mask`: observation tokens carry no loss and no gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import torch
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from rsearch_verl import batch as batch_keys
+from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
+from rsearch_verl.config import from_omegaconf
+from rsearch_verl.workers import fsdp
+from rsearch_verl.workers.forward import (
+    global_denominator,
+    mean_metrics,
+    response_log_probs,
+    split_rows,
+    world_size,
+)
+from rsearch_verl.workers.rollout import RolloutRunner, build_policy
+
+logger = logging.getLogger(__name__)
+
+
+class ActorWorker(Worker):
+    def __init__(self, cfg_dict: dict, with_rollout: bool = True):
+        super().__init__()
+        self.cfg = from_omegaconf(cfg_dict)
+        self.with_rollout = with_rollout
+        self.rollout: RolloutRunner | None = None
+        self.ref = None
+
+    # ------------------------------------------------------------------ setup
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        cfg = self.cfg
+        self.device = fsdp.init_distributed(cfg.trainer.device)
+        torch.manual_seed(cfg.seed)
+        self.tokenizer, model = build_policy(cfg)  # seeded: every rank starts from the same weights
+        if self.with_rollout:
+            self.rollout = RolloutRunner(cfg, model, self.tokenizer, self.device)
+        if cfg.use_ref:
+            ref = copy.deepcopy(model).eval()
+            ref.requires_grad_(False)
+            self.ref = fsdp.shard_model(ref, self.device)
+        self.model = fsdp.shard_model(model, self.device)
+        self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
+
+    # ------------------------------------------------------------------ forward passes
+    @torch.no_grad()
+    def _log_probs(self, model, data: DataProto) -> torch.Tensor:
+        model.eval()
+        micro = self.cfg.actor.micro_batch_size
+        return torch.cat([response_log_probs(model, m, self.device)[0].cpu() for m in split_rows(data, micro)])
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"old_log_probs": self._log_probs(self.model, data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob: no reference model (neither KL in reward nor KL loss is on)")
+        return DataProto.from_dict(tensors={"ref_log_prob": self._log_probs(self.ref, data)})
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        cfg = self.cfg.actor
+        data.batch["loss_mask"] = batch_keys.loss_mask(data.batch, cfg.mask_observations)
+        kl_coef = float(data.meta_info.get("kl_coef", 0.0))
+        mini = cfg.ppo_mini_batch_size // world_size()
+        self.model.train()
+        rows = []
+        for _ in range(cfg.ppo_epochs):
+            for start in range(0, len(data), mini):
+                rows.append(self._optimizer_step(data[start : start + mini], kl_coef))
+        self.sched.step()
+        metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
+        metrics["actor/lr"] = self.sched.get_last_lr()[0]
+        return DataProto(meta_info={"metrics": metrics})
+
+    def _optimizer_step(self, minibatch: DataProto, kl_coef: float) -> dict[str, float]:
+        """One optimizer step over a mini-batch, micro-batch by micro-batch; returns the step's metrics."""
+        cfg = self.cfg.actor
+        mode = cfg.loss_agg_mode
+        # the global denominator makes the sum of micro-batch losses over all ranks the mini-batch loss
+        denom = global_denominator(minibatch.batch["loss_mask"], mode, self.device)
+        self.optim.zero_grad(set_to_none=True)
+        parts = []
+        for micro in split_rows(minibatch, cfg.micro_batch_size):
+            t = {k: v.to(self.device) for k, v in micro.batch.items()}
+            mask = t["loss_mask"]
+            log_prob, entropy = response_log_probs(self.model, micro, self.device, with_entropy=cfg.entropy_coeff != 0)
+            loss, m = policy_loss(
+                old_log_prob=t["old_log_probs"],
+                log_prob=log_prob,
+                advantages=t["advantages"],
+                response_mask=mask,
+                clip_ratio_low=cfg.clip_ratio_low,
+                clip_ratio_high=cfg.clip_ratio_high,
+                clip_ratio_c=cfg.clip_ratio_c,
+                loss_agg_mode=mode,
+                denominator=denom,
+            )
+            if entropy is not None:
+                ent = agg_loss(entropy, mask, mode, denominator=denom)
+                loss = loss - cfg.entropy_coeff * ent
+                m["actor/entropy"] = float(ent.detach())
+            if cfg.use_kl_loss:
+                kl, kl_m = kl_loss(
+                    log_prob, t["ref_log_prob"], mask, kind=cfg.kl_loss_type, loss_agg_mode=mode, denominator=denom
+                )
+                loss = loss + kl_coef * kl
+                m.update(kl_m)
+            # FSDP averages gradients over ranks; the global denominator already did, so undo the average
+            (loss * world_size()).backward()
+            parts.append(m)
+        grad_norm = fsdp.clip_grad(self.model, cfg.optim.grad_clip)
+        self.optim.step()
+        # losses are partial sums of the mini-batch loss: scaled so that the mean over ranks is their total
+        keys = [k for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy") if k in parts[0]]
+        summed = {k: sum(p[k] for p in parts) * world_size() for k in keys}
+        return {**mean_metrics(parts), **summed, "actor/grad_norm": grad_norm}
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self.rollout is None:
+            raise RuntimeError("generate_sequences: this actor has no rollout engine (trainer.placement=split)")
+        return self.rollout.generate(prompts)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self):
+        state = fsdp.full_state_dict(self.model)  # collective: every rank gathers, each feeds its own engine
+        if self.rollout is not None:
+            self.rollout.load_weights(state)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return fsdp.full_state_dict(self.model)
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, ckpt_dir: str):
+        fsdp.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+        state = fsdp.full_state_dict(self.model)
+        if self.rank == 0:  # a Hugging Face directory any tool (eval, vLLM, transformers) can load
+            _export_hf(self.cfg, self.tokenizer, state, os.path.join(ckpt_dir, "hf"))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, ckpt_dir: str):
+        fsdp.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+
+
+def _export_hf(cfg, tokenizer, state: dict[str, torch.Tensor], out_dir: str) -> None:
+    """Write `state` as a HF model directory (safetensors + config + tokenizer)."""
+    from rsearch_verl.models import load_model
+
+    model = load_model(cfg.model, tokenizer, seed=cfg.seed)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"HF export: state dict mismatch (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,115 @@
+"""The critic worker (PPO / GAE): a value model — the policy's transformer backbone plus a scalar head —
+sharded with FSDP2, on `verl.single_controller` like the actor.
+
+Methods (DP_COMPUTE_PROTO splits the batch over ranks):
+    init_model()                 backbone from the same weights as the policy (as in Search-R1), head zero-init
+    compute_values(batch)        -> values [B, R]: V(state before each response token)
+    update_critic(batch)         clipped value loss on policy tokens only; meta_info["metrics"] (critic/*)
+    save_checkpoint(dir) / load_checkpoint(dir)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from rsearch_verl import batch as batch_keys
+from rsearch_verl.algos.losses import value_loss
+from rsearch_verl.config import from_omegaconf
+from rsearch_verl.workers import fsdp
+from rsearch_verl.workers.forward import global_denominator, mean_metrics, response_values, split_rows, world_size
+from rsearch_verl.workers.rollout import build_policy
+
+logger = logging.getLogger(__name__)
+
+
+class ValueModel(torch.nn.Module):
+    """`model` is the causal LM's decoder (attribute name kept so FSDP wraps its layers); `value_head` maps the
+    last hidden state to a scalar per position."""
+
+    def __init__(self, causal_lm: torch.nn.Module):
+        super().__init__()
+        self.model = causal_lm.model
+        self.value_head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return self.value_head(hidden).squeeze(-1)
+
+
+class CriticWorker(Worker):
+    def __init__(self, cfg_dict: dict):
+        super().__init__()
+        self.cfg = from_omegaconf(cfg_dict)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        cfg = self.cfg
+        self.device = fsdp.init_distributed(cfg.trainer.device)
+        torch.manual_seed(cfg.seed)
+        _, lm = build_policy(cfg)
+        self.model = fsdp.shard_model(ValueModel(lm), self.device)
+        self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.critic.optim, total_steps=cfg.trainer.total_steps)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> DataProto:
+        self.model.eval()
+        micro = self.cfg.critic.micro_batch_size
+        values = torch.cat([response_values(self.model, m, self.device).cpu() for m in split_rows(data, micro)])
+        return DataProto.from_dict(tensors={"values": values * data.batch["response_mask"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        cfg = self.cfg.critic
+        data.batch["loss_mask"] = batch_keys.loss_mask(data.batch, self.cfg.actor.mask_observations)
+        mini = cfg.ppo_mini_batch_size // world_size()
+        self.model.train()
+        rows = []
+        for _ in range(cfg.ppo_epochs):
+            for start in range(0, len(data), mini):
+                rows.append(self._optimizer_step(data[start : start + mini]))
+        self.sched.step()
+        metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
+        metrics["critic/lr"] = self.sched.get_last_lr()[0]
+        return DataProto(meta_info={"metrics": metrics})
+
+    def _optimizer_step(self, minibatch: DataProto) -> dict[str, float]:
+        cfg = self.cfg.critic
+        denom = global_denominator(minibatch.batch["loss_mask"], cfg.loss_agg_mode, self.device)
+        self.optim.zero_grad(set_to_none=True)
+        parts = []
+        for micro in split_rows(minibatch, cfg.micro_batch_size):
+            t = {k: v.to(self.device) for k, v in micro.batch.items()}
+            values = response_values(self.model, micro, self.device)
+            loss, m = value_loss(
+                values=values,
+                old_values=t["values"],
+                returns=t["returns"],
+                response_mask=t["loss_mask"],
+                cliprange_value=cfg.cliprange_value,
+                loss_agg_mode=cfg.loss_agg_mode,
+                denominator=denom,
+            )
+            (loss * world_size()).backward()  # undo FSDP's gradient average: the denominator is already global
+            parts.append(m)
+        grad_norm = fsdp.clip_grad(self.model, cfg.optim.grad_clip)
+        self.optim.step()
+        vf_loss = sum(p["critic/vf_loss"] for p in parts) * world_size()  # the mean over ranks is the total
+        return {**mean_metrics(parts), "critic/vf_loss": vf_loss, "critic/grad_norm": grad_norm}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, ckpt_dir: str):
+        fsdp.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, ckpt_dir: str):
+        fsdp.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)

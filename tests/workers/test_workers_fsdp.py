@@ -1,0 +1,141 @@
+"""FSDP actor workers on a real local Ray cluster over gloo: data-parallel equivalence and observation masking.
+
+- 2 ranks and 1 rank give the same loss and the same parameters after an update on the same batch;
+- what the loss reads at observation positions (mask 0) — token-level advantages, old / reference log-probs, and
+  the ids of a trailing observation block — changes no parameter update. (Tokens *after* an observation do
+  condition on it through attention, as they must: that is context, not a trained target.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verl import DataProto
+
+from rsearch_verl.config import load_config
+from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
+
+ray = pytest.importorskip("ray")
+
+P, R, B = 6, 10, 4
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def make_cfg(n_workers: int, **extra):
+    overrides = [
+        "model=tiny",
+        "trainer=cpu",
+        f"trainer.n_workers={n_workers}",
+        "data.train_batch_size=4",
+        "rollout.n=1",
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "actor.ppo_mini_batch_size=4",
+        "actor.micro_batch_size=1" if n_workers == 2 else "actor.micro_batch_size=2",
+        "actor.optim.lr=1e-2",
+        "actor.use_kl_loss=true",
+        "actor.kl_loss_type=low_var_kl",
+        *[f"{k}={v}" for k, v in extra.items()],
+    ]
+    return load_config(overrides)
+
+
+def make_batch(vocab: int, seed: int = 0) -> DataProto:
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, vocab, (B, P), generator=g)
+    responses = torch.randint(3, vocab, (B, R), generator=g)
+    response_mask = torch.ones(B, R, dtype=torch.long)
+    response_mask[:, 3:6] = 0  # an observation in the middle of every response
+    response_mask[0, 8:] = 0  # and a trailing one in row 0
+    attention = torch.ones(B, P + R, dtype=torch.long)
+    attention[1, :2] = 0  # left padding
+    attention[2, -2:] = 0  # right padding
+    response_mask = response_mask * attention[:, P:]
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+        "advantages": torch.randn(B, R, generator=g),
+        "old_log_probs": -torch.rand(B, R, generator=g) * 5,
+        "ref_log_prob": -torch.rand(B, R, generator=g) * 5,
+    }
+    return DataProto.from_dict(tensors=tensors, meta_info={"kl_coef": 0.1})
+
+
+def run_update(cfg, batch: DataProto, with_old_from_model: bool = True):
+    from rsearch_verl.workers.actor import ActorWorker
+
+    name = f"t{cfg.trainer.n_workers}"
+    group = _group(_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
+    try:
+        if with_old_from_model:  # on-policy ratios start at 1, as in training
+            batch = batch.union(group.compute_log_prob(batch)) if "old_log_probs" not in batch.batch else batch
+        metrics = reduce_metrics(group.update_actor(batch).meta_info)
+        state = group.full_state_dict()[0]
+    finally:
+        for w in group.workers:
+            ray.kill(w)
+        for pg in group.resource_pool.pgs or []:
+            ray.util.remove_placement_group(pg)
+    return metrics, state
+
+
+def vocab_size(cfg) -> int:
+    from rsearch_verl.workers.rollout import build_policy
+
+    tok, _ = build_policy(cfg)
+    return len(tok)
+
+
+def test_two_ranks_equal_one_rank(ray_cluster):
+    cfg1, cfg2 = make_cfg(1), make_cfg(2)
+    batch = make_batch(vocab_size(cfg1))
+    m1, s1 = run_update(cfg1, batch)
+    m2, s2 = run_update(cfg2, batch)
+    assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    assert m1["actor/kl_loss"] == pytest.approx(m2["actor/kl_loss"], rel=1e-4, abs=1e-6)
+    init = _initial_state(cfg1)
+    changed = max(float((s1[k] - init[k]).abs().max()) for k in s1)
+    assert changed > 1e-4, "the update did not move the parameters"
+    for k in s1:
+        torch.testing.assert_close(s1[k], s2[k], rtol=1e-4, atol=1e-5, msg=f"parameter {k} differs")
+
+
+def _initial_state(cfg):
+    from rsearch_verl.workers.rollout import build_policy
+
+    _, model = build_policy(cfg)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_observation_positions_change_no_update(ray_cluster):
+    cfg = make_cfg(1)
+    base = make_batch(vocab_size(cfg))
+    other = make_batch(vocab_size(cfg))
+    obs = base.batch["response_mask"] == 0
+    g = torch.Generator().manual_seed(7)
+    t = other.batch
+    for key in ("advantages", "old_log_probs", "ref_log_prob"):
+        t[key] = torch.where(obs, torch.randn(B, R, generator=g) * 10, t[key])
+    # the trailing observation of row 0 (positions 8, 9): nothing after it is trained
+    resp = t["responses"].clone()
+    resp[0, 8:] = (resp[0, 8:] + 5) % 100 + 3
+    t["responses"] = resp
+    t["input_ids"] = torch.cat([t["prompts"], resp], dim=1)
+    m_a, s_a = run_update(cfg, base)
+    m_b, s_b = run_update(cfg, other)
+    assert m_a["actor/pg_loss"] == pytest.approx(m_b["actor/pg_loss"], abs=1e-7)
+    for k in s_a:
+        torch.testing.assert_close(s_a[k], s_b[k], rtol=0, atol=1e-7, msg=f"parameter {k} moved differently")
+    # and the check can fail: the same edit on a policy position does change the update
+    t["advantages"][1, 0] += 5.0
+    m_c, s_c = run_update(cfg, other)
+    assert max(float((s_a[k] - s_c[k]).abs().max()) for k in s_a) > 1e-6
