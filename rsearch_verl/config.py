@@ -50,6 +50,10 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     use_chat_template: bool = False  # instruct models: wrap prompts in the tokenizer's chat template
     sft_checkpoint: str | None = None  # HF dir from `python -m rsearch_verl.sft`; "auto": toy world warm start
+    # Learning rates depend on model scale: recipes hold the papers' values (3B-7B models); a model group may
+    # replace them (the tiny toy policy needs ~1e-4). None keeps the recipe's actor/critic optim.lr.
+    actor_lr: float | None = None
+    critic_lr: float | None = None
 
 
 @dataclass
@@ -301,7 +305,21 @@ def from_omegaconf(oc_cfg: Any) -> RSearchConfig:
 
     if not isinstance(oc_cfg, dict):
         oc_cfg = OmegaConf.to_container(oc_cfg, resolve=True)
-    return validate(_build(RSearchConfig, oc_cfg, ""))
+    return validate(apply_model_lr(_build(RSearchConfig, oc_cfg, "")))
+
+
+def apply_model_lr(cfg: RSearchConfig) -> RSearchConfig:
+    """Let the model group's scale-dependent learning rates (model.actor_lr / critic_lr) replace the recipe's."""
+    import logging
+
+    for role, lr in (("actor", cfg.model.actor_lr), ("critic", cfg.model.critic_lr)):
+        optim = getattr(cfg, role).optim
+        if lr is not None and lr != optim.lr:
+            logging.getLogger(__name__).info(
+                "%s lr %.3g (model.%s_lr) replaces the recipe's %.3g", role, lr, role, optim.lr
+            )
+            optim.lr = lr
+    return cfg
 
 
 def _build(cls: type, data: dict, prefix: str) -> Any:

@@ -118,7 +118,7 @@ class Trainer:
             batch = self.wg.rollout.generate_sequences(batch)
             batch.meta_info.pop("metrics", None)
             batch, _ = phases.reward_phase(batch, self.cfg)
-            results.append(batch)
+            results.append(DataProto(non_tensor_batch=batch.non_tensor_batch))  # widths differ between batches
         return phases.validation_metrics(DataProto.concat(results))
 
     # ---------------------------------------------------------------- checkpoints

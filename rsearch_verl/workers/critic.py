@@ -42,7 +42,7 @@ class ValueModel(torch.nn.Module):
         hidden = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        return self.value_head(hidden).squeeze(-1)
+        return self.value_head(hidden).squeeze(-1).clone()  # FSDP2 warns on returning a view
 
 
 class CriticWorker(Worker):
