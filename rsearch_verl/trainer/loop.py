@@ -76,6 +76,7 @@ class Trainer:
             # 3. log-probs of the sampled tokens under the policy that generated them
             with timed(timing, "old_log_prob"):
                 batch = batch.union(wg.actor.compute_log_prob(batch))
+            metrics.update(phases.rollout_logprob_gap(batch))  # checks the last weight sync
             # 4. reference log-probs for the KL term
             if cfg.use_ref:
                 with timed(timing, "ref"):

@@ -127,3 +127,13 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
         sel = sources == source
         metrics[f"val/{source}/em"] = float(em[sel].mean())
     return metrics
+
+
+def rollout_logprob_gap(batch: DataProto) -> dict[str, float]:
+    """Mean |rollout engine log-prob - actor log-prob| on sampled tokens: ~0 when the weight sync works (and the
+    engine samples from the unmodified distribution, temperature 1 / top_p 1)."""
+    mask = batch.batch["response_mask"].bool()
+    if not mask.any():
+        return {}
+    gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[mask]
+    return {"rollout/logprob_abs_diff_mean": float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}

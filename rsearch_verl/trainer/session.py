@@ -145,7 +145,11 @@ class TrainingSession:
         workers = build_worker_groups(self.cfg)
         trainer = Trainer(self.cfg, self.run_dir, workers, train, val, tokenizer)
         history = trainer.fit(progress=_progress_bar(self.cfg.trainer.total_steps, self._stack))
-        return self._summarise(history)
+        summary = self._summarise(history)
+        from rsearch_verl.eval.plots import make_plots
+
+        logger.info("plots: %s", ", ".join(make_plots(self.run_dir)))
+        return summary
 
     def _summarise(self, history: list[dict]) -> dict:
         vals = [row for row in history if "val/em" in row]

@@ -17,6 +17,7 @@ TINY = [
     "trainer.save_freq=2",
     "trainer.test_freq=2",
     "trainer.ray_num_cpus=2",
+    "model.sft_checkpoint=null",  # a random tiny policy: these tests check plumbing, not learning
     "data.train_batch_size=2",
     "data.val_batch_size=4",
     "data.val_max_samples=4",
