@@ -22,6 +22,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync", "step"]
 SMALL = [
+    "model.sft_checkpoint=null",
     "trainer.save_freq=0",
     "trainer.test_freq=0",
     "trainer.val_before_train=false",

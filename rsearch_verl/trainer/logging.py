@@ -69,6 +69,14 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
+    def truncate(self, after_step: int) -> None:
+        """Drop the rows of steps after `after_step` (a resumed run re-does them), keeping the file open for append."""
+        if self._file is not None:
+            self._file.close()
+        truncate_metrics(os.path.dirname(self.path), after_step)
+        if self._file is not None:
+            self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

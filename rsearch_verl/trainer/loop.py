@@ -24,7 +24,7 @@ from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
-from rsearch_verl.trainer.logging import MetricsLogger, truncate_metrics
+from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.workers.placement import WorkerGroups, reduce_metrics
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Trainer:
         state = self.ckpts.read_trainer_state(path)
         self.loader.load_state_dict(state["loader"])
         self.wg.sync_rollout_weights()
-        truncate_metrics(self.run_dir, after_step=state["step"])
+        self.metrics.truncate(after_step=state["step"])
         return int(state["step"])
 
     # ---------------------------------------------------------------- the run

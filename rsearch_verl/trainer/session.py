@@ -87,7 +87,8 @@ def init_ray(cfg: RSearchConfig) -> bool:
     runtime_env = {"env_vars": {k: os.environ.get(k, v) for k, v in RAY_ENV.items()}}
     address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        # on a cluster the job's runtime env (launch/runtime_env.yaml) applies; a second one would conflict
+        ray.init(address=address, log_to_driver=True)
         return True
     num_cpus = cfg.trainer.ray_num_cpus or max(2, os.cpu_count() or 2)
     ray.init(

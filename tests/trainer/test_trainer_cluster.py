@@ -5,8 +5,10 @@ import json
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -25,11 +27,19 @@ def _free_port() -> int:
 @pytest.fixture
 def ray_head(tmp_path):
     gcs, dash = _free_port(), _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    # a loopback-only test cluster: Ray's token auth (on by default for new clusters) is switched off
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
     env.pop("RAY_ADDRESS", None)
     cmd = [os.path.join(BIN, "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2"]
     cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"]
-    cmd += [f"--temp-dir={tmp_path / 'ray'}", "--object-store-memory=536870912"]
+    # a short temp dir: Ray's unix socket paths under pytest's deep tmp_path exceed the 107-byte limit
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    cmd += [f"--temp-dir={temp_dir}", "--object-store-memory=536870912"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 90
@@ -49,6 +59,7 @@ def ray_head(tmp_path):
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
