@@ -3,9 +3,9 @@ the job succeeds and its run directory has metrics and a checkpoint."""
 
 import json
 import os
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile
