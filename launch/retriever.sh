@@ -2,13 +2,16 @@
 # Build the retrieval index if it is missing, then serve it (see docs/retriever.md).
 #
 #   bash launch/retriever.sh                                   # toy defaults: MiniLM + flat over $CORPUS
-#   CORPUS=data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq INDEX_DIR=indexes/wiki18_e5_ivfpq \
-#     DEVICE=cuda PORT=8000 bash launch/retriever.sh
+#   # the real Wikipedia setup (wiki-18, 21M passages, e5-base-v2; see docs/retriever.md for which index fits where):
+#   CORPUS=/data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq_rerank INDEX_DIR=/data/indexes/wiki18_e5_ivfpq_rerank \
+#     DEVICE=cuda BUILD_ARGS="--batch-size 512 --encoder-path /models/e5-base-v2" PORT=8000 bash launch/retriever.sh
 #
 # Environment (all optional):
 #   CORPUS      JSONL corpus, one {"id", "contents"} per line (required only when the index must be built)
 #   ENCODER     e5 | bge | minilm | bm25 | /path/to/hf/model        (default minilm)
-#   INDEX_TYPE  flat | hnsw | ivfpq | sq8                            (default flat; ignored for bm25)
+#   INDEX_TYPE  flat | sq8 | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank   (default flat; ignored for bm25)
+#               wiki-18 x e5-base (21M x 768) in RAM: flat ~65 GB, sq8 ~16 GB, hnsw ~70 GB, hnsw_sq8 ~22 GB,
+#               ivfpq / ivfpq_rerank ~2.2 GB (ivfpq_rerank adds a 32 GB fp16 file read through mmap)
 #   INDEX_DIR   where the index lives; complete once it holds manifest.json   (default indexes/<encoder>_<type>)
 #   HOST PORT   bind address and port                                (default 127.0.0.1 8000)
 #   DEVICE      cpu | cuda (cuda: fp16 encoder, FAISS sharded over all visible GPUs)   (default cpu)

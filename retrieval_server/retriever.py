@@ -100,5 +100,6 @@ def load_retriever(index_dir: str, device: str = "cpu") -> Retriever:
     index = DenseIndex.load(index_dir, device=device)
     if index.ntotal != len(store):
         raise ValueError(f"index holds {index.ntotal} vectors, corpus {len(store)} passages")
-    logger.info("loaded %s %s index over %d passages from %s", manifest["encoder"], index.index_type, len(store), index_dir)
+    enc_name, n = manifest["encoder"], len(store)
+    logger.info("loaded %s %s index over %d passages from %s", enc_name, index.index_type, n, index_dir)
     return Retriever(manifest, store, index, encoder)
