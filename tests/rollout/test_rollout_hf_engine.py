@@ -92,6 +92,31 @@ def test_seed_reproduces_and_batching_matches_single_calls(tok):
         engine.close()
 
 
+def test_requests_join_a_running_batch_and_leave_it_early(tok):
+    """Continuous batching: a request that arrives mid-decode joins the running batch (left-padded cache merge), is
+    answered before the long one finishes, and both sample exactly what they sample alone, with exact logprobs."""
+    engine = HFEngine(_model(tok), tok, continuous=True)
+    long_p, short_p = tok.encode("The quick brown fox jumps"), tok.encode("hi")
+    long_s, short_s = SamplingParams(1.0, max_tokens=400, seed=4), SamplingParams(1.0, max_tokens=6, seed=5)
+
+    async def overlapped():
+        long_task = asyncio.ensure_future(engine.generate(long_p, long_s, []))
+        await asyncio.sleep(0.1)  # the long request is decoding by now
+        short = await engine.generate(short_p, short_s, [])
+        assert not long_task.done()  # answered while the long row keeps decoding
+        return await long_task, short
+
+    try:
+        long_out, short_out = _run(overlapped())
+        assert short_out.timing["batch_size"] == 2 and long_out.timing["batch_size"] == 2
+        assert short_out.token_ids == _run(engine.generate(short_p, short_s, [])).token_ids
+        assert long_out.token_ids == _run(engine.generate(long_p, long_s, [])).token_ids
+        for p, r in ((long_p, long_out), (short_p, short_out)):
+            assert torch.allclose(_forward_logprobs(engine.model, p, r.token_ids), torch.tensor(r.logprobs), atol=1e-5)
+    finally:
+        engine.close()
+
+
 def test_greedy_is_argmax(tok):
     engine = HFEngine(_model(tok), tok)
     try:

@@ -1,9 +1,14 @@
-"""Hugging Face transformers rollout engine (the CPU default): token-in / token-out, batched, seeded.
+"""Hugging Face transformers rollout engine (the CPU default): token-in / token-out, continuously batched, seeded.
 
 Concurrent `generate` calls (from many trajectories on one or several event loops) go into a thread-safe queue; a
-background thread gathers whatever is pending (a few ms window), runs one left-padded batched decode with a KV
-cache, and resolves each caller's future. Finished rows leave the batch (the cache is re-indexed), so a batch
-costs what its live rows cost.
+background thread decodes them with a KV cache in one left-padded batch. The batch is continuous: between two decode
+steps, newly arrived requests are prefilled and joined to the running batch (both caches left-padded to one width),
+and every row that finishes is resolved at once and leaves the batch (the cache is re-indexed and columns that are
+padding in every remaining row are dropped). So a trajectory that stops at `</search>` goes to the retriever while
+the others keep decoding, and rejoins as soon as its observation is appended — nobody waits for the slowest row.
+Continuous joining is opt-in (`continuous=True`): measured on the 2-core CPU box with benchmarks/rollout_async.py it
+was slower than plain batches (each join is a separate small prefill plus a full cache copy); the default runs each
+gathered batch to the end, finished rows leaving the cache early.
 
     engine = HFEngine(model, tokenizer)
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
@@ -47,7 +52,7 @@ class Request:
 
 
 def _resolve(fut: asyncio.Future, result=None, exc: BaseException | None = None) -> None:
-    if fut.cancelled():
+    if fut.done():  # cancelled by its caller, or already answered
         return
     if exc is not None:
         fut.set_exception(exc)
@@ -159,14 +164,51 @@ class _Row:
         self.finish: str | None = None
         self.stop_string: str | None = None
         self.generator = None
+        self.start = time.perf_counter()
+        self.peak = 1  # the largest batch this row decoded in
         if req.sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(int(req.sampling.seed))
+
+
+@dataclass
+class _Batch:
+    """The running decode batch: live rows and their KV cache, attention mask [B, S], positions, next logits."""
+
+    rows: list[_Row]
+    past: object  # transformers DynamicCache, [B, heads, S, head_dim] per layer
+    attn: torch.Tensor
+    last_pos: torch.Tensor
+    logits: torch.Tensor
+    pending: list[int] = field(default_factory=list)  # sampled, not yet fed
+    started: list[_Row] = field(default_factory=list)  # every row that ever joined, in order
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    extra = width - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _result(row: _Row) -> GenerationResult:
+    return GenerationResult(row.tokens, row.logprobs, row.finish, row.stop_string)
+
+
+def _deliver(row: _Row, result: GenerationResult) -> None:
+    now = time.perf_counter()
+    result.timing.update(queue_s=row.start - row.req.enqueued, batch_s=now - row.start, batch_size=float(row.peak))
+    row.req.loop.call_soon_threadsafe(_resolve, row.req.future, result)
 
 
 class HFEngine(BatchingEngine):
     """A transformers CausalLM behind the RolloutEngine interface (batched KV-cache decoding, any device)."""
 
-    def __init__(self, model, tokenizer, device: str = "cpu", gather_ms: float = 3.0, max_batch: int = 64):
+    def __init__(
+        self, model, tokenizer, device: str = "cpu", gather_ms: float = 3.0, max_batch: int = 64, continuous=False
+    ):
+        self.continuous = continuous  # join requests mid-decode (see module docstring); off: batch to the end
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -196,6 +238,69 @@ class HFEngine(BatchingEngine):
     # ---- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def run_batch(self, requests: list[Request]) -> list[GenerationResult]:
+        """Decode `requests` together to the end (no joining); the worker thread uses the continuous loop below."""
+        batch = self._prefill(requests)
+        while batch.rows:
+            self._sample(batch)
+            if batch.rows:
+                self._advance(batch)
+        return [_result(r) for r in batch.started]
+
+    def _worker(self) -> None:
+        """Continuous batching: new requests join the running batch between decode steps, and every finished row
+        is resolved at once (its trajectory searches while the others keep decoding). Off by default: on the CPU
+        benchmark the per-join prefill and cache copies cost more than they saved (see the module docstring)."""
+        if not self.continuous:
+            super()._worker()
+            return
+        batch: _Batch | None = None
+        stopping = False
+        while True:
+            live = len(batch.rows) if batch is not None else 0
+            if live == 0 and stopping:
+                return
+            new, stop = self._take(block=live == 0, room=self.max_batch - live) if not stopping else ([], False)
+            stopping = stopping or stop
+            try:
+                with self._lock, torch.no_grad():
+                    if new:
+                        batch = self._join(batch, self._prefill(new))
+                    if batch is None or not batch.rows:
+                        continue
+                    for row in self._sample(batch):
+                        _deliver(row, _result(row))
+                    if batch.rows:
+                        self._advance(batch)
+            except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about the failure
+                logger.exception("rollout engine step failed")
+                failed = {id(r.req): r.req for r in (batch.rows if batch is not None else [])}
+                failed.update({id(r): r for r in new})
+                for req in failed.values():
+                    req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+                batch = None
+
+    def _take(self, block: bool, room: int) -> tuple[list[Request], bool]:
+        """Pending requests (at most `room`): wait for the first one only when nothing is decoding."""
+        if room <= 0:
+            return [], False
+        if block:
+            first = self._queue.get()
+            if first is _STOP:
+                return [], True
+            batch, stop = self._gather(first)
+            return batch[:room], stop  # _gather stops at max_batch == room when idle
+        taken: list[Request] = []
+        while len(taken) < room:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return taken, True
+            taken.append(item)
+        return taken, False
+
+    def _prefill(self, requests: list[Request]) -> _Batch:
         rows = [_Row(r, self.forced_tokens(r.prompt_ids)) for r in requests]
         width = max(len(r.prompt_ids) for r in requests)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -206,35 +311,64 @@ class HFEngine(BatchingEngine):
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        logits, past = out.logits[:, -1, :], out.past_key_values
-        live = list(range(len(rows)))  # batch position -> row index
-        last_pos = pos[:, -1]
-        while True:
-            next_ids = [self._step(rows[r], logits[b]) for b, r in enumerate(live)]
-            keep = [b for b, r in enumerate(live) if rows[r].finish is None]
-            if not keep:
-                break
-            if len(keep) < len(live):  # drop finished rows from the cache: a batch costs only its live rows
-                index = torch.tensor(keep, device=self.device)
-                past.batch_select_indices(index)
-                attn, last_pos = attn[index], last_pos[index]
-                next_ids = [next_ids[b] for b in keep]
-                live = [live[b] for b in keep]
-            attn = torch.cat([attn, attn.new_ones((len(live), 1))], dim=1)
-            last_pos = last_pos + 1
-            step_ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=attn,
-                position_ids=last_pos.unsqueeze(1),
-                past_key_values=past,
-                use_cache=True,
-            )
-            logits, past = out.logits[:, -1, :], out.past_key_values
-        return [
-            GenerationResult(token_ids=r.tokens, logprobs=r.logprobs, finish_reason=r.finish, stop_string=r.stop_string)
-            for r in rows
-        ]
+        batch = _Batch(rows, out.past_key_values, attn, pos[:, -1], out.logits[:, -1, :])
+        batch.started = list(rows)
+        for row in rows:
+            row.peak = len(rows)
+        return batch
+
+    def _join(self, batch: _Batch | None, new: _Batch) -> _Batch:
+        """Append `new` rows to the running batch: both caches left-padded to one width (attention mask 0 there)."""
+        if batch is None or not batch.rows:
+            return new
+        if not all(type(layer).__name__ == "DynamicLayer" for layer in batch.past.layers):
+            raise RuntimeError("continuous batching needs a plain DynamicCache (no sliding-window layers)")
+        width = max(batch.attn.shape[1], new.attn.shape[1])
+        for old, add in zip(batch.past.layers, new.past.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(add.keys, width, 2)])
+            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(add.values, width, 2)])
+        batch.attn = torch.cat([_left_pad(batch.attn, width, 1), _left_pad(new.attn, width, 1)])
+        batch.last_pos = torch.cat([batch.last_pos, new.last_pos])
+        batch.logits = torch.cat([batch.logits, new.logits])
+        batch.rows += new.rows
+        batch.started += new.rows
+        for row in batch.rows:
+            row.peak = max(row.peak, len(batch.rows))
+        return batch
+
+    def _sample(self, batch: _Batch) -> list[_Row]:
+        """One token for every live row; finished rows leave the batch (and its cache) and are returned."""
+        next_ids = [self._step(row, batch.logits[i]) for i, row in enumerate(batch.rows)]
+        keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
+        done = [row for row in batch.rows if row.finish is not None]
+        batch.pending = [next_ids[i] for i in keep]
+        if not done:
+            return done
+        batch.rows = [batch.rows[i] for i in keep]
+        if not keep:
+            return done
+        index = torch.tensor(keep, device=self.device)
+        batch.past.batch_select_indices(index)
+        batch.attn, batch.last_pos = batch.attn[index], batch.last_pos[index]
+        first = int(batch.attn.any(0).nonzero()[0])  # columns that are padding in every live row: drop them
+        if first > 0:
+            for layer in batch.past.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            batch.attn = batch.attn[:, first:]
+        return done
+
+    def _advance(self, batch: _Batch) -> None:
+        """Feed each live row's newest token; the batch then holds the next logits."""
+        batch.attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=1)
+        batch.last_pos = batch.last_pos + 1
+        out = self.model(
+            input_ids=torch.tensor(batch.pending, device=self.device).unsqueeze(1),
+            attention_mask=batch.attn,
+            position_ids=batch.last_pos.unsqueeze(1),
+            past_key_values=batch.past,
+            use_cache=True,
+        )
+        batch.logits, batch.past = out.logits[:, -1, :], out.past_key_values
 
     def _step(self, row: _Row, logits: torch.Tensor) -> int:
         """Pick the row's next token, record it, and decide whether the row is finished."""
