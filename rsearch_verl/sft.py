@@ -33,11 +33,13 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class SFTOptions:
-    epochs: int = 3
-    lr: float = 1e-3
+    epochs: int = 4
+    lr: float = 3e-3  # peak; linear warmup over `warmup_steps`, then linear decay to 10 % (tiny models from scratch)
     batch_size: int = 8
-    max_length: int = 512
+    max_length: int = 640  # a 2-hop Search-R1 demonstration is ~350-780 tokens with the toy tokenizer
     seed: int = 0
+    warmup_steps: int = 20
+    p_no_search: float = 0.5  # toy world demos: share that answers from "memory" without searching
 
 
 def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[int]]:
@@ -73,23 +75,34 @@ def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (nll * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+def length_batches(examples: list, batch_size: int) -> list[list]:
+    """Batches of similar length (sorted, then chunked): padding, most of the cost on CPU, nearly vanishes."""
+    ordered = sorted(examples, key=lambda e: len(e[0]))
+    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
 def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions) -> list[float]:
     """Train `model` in place on `demos`; returns the mean loss of each epoch."""
     examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
+    batches = length_batches(examples, opts.batch_size)
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
+    total = max(1, opts.epochs * len(batches))
+    warmup = max(1, opts.warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / total))
     rng = random.Random(opts.seed)
     model.train()
     history = []
     for epoch in range(opts.epochs):
-        rng.shuffle(examples)
+        rng.shuffle(batches)  # batch order is random; batch contents stay length-sorted
         losses = []
-        for start in range(0, len(examples), opts.batch_size):
-            loss = sft_loss(model, _collate(examples[start : start + opts.batch_size], tokenizer.pad_token_id))
+        for batch in batches:
+            loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id))
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
-            losses.append(float(loss))
+            sched.step()
+            losses.append(loss.item())
         history.append(sum(losses) / max(1, len(losses)))
         logger.info("sft epoch %d: loss %.4f", epoch + 1, history[-1])
     model.eval()
@@ -118,11 +131,12 @@ def _load(cfg: RSearchConfig):
     return load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer
 
 
-def toy_demos(cfg: RSearchConfig, n: int | None = None) -> list[dict]:
+def toy_demos(cfg: RSearchConfig, n: int | None = None, p_no_search: float = 0.5) -> list[dict]:
     from rsearch_verl.data.toy_world import build_toy_world, demonstrations
 
     world = build_toy_world(cfg.data.toy_world)
-    return demonstrations(world, cfg.rollout.protocol, n or cfg.data.toy_world.n_train, seed=cfg.seed)
+    n = n or cfg.data.toy_world.n_train
+    return demonstrations(world, cfg.rollout.protocol, n, seed=cfg.seed, p_no_search=p_no_search)
 
 
 def warm_start(cfg: RSearchConfig, opts: SFTOptions | None = None) -> str:
@@ -139,7 +153,7 @@ def warm_start(cfg: RSearchConfig, opts: SFTOptions | None = None) -> str:
         return out
     model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)
     model, tokenizer = _load(dataclasses.replace(cfg, model=model_cfg))
-    history = train_sft(model, tokenizer, toy_demos(cfg), opts)
+    history = train_sft(model, tokenizer, toy_demos(cfg, p_no_search=opts.p_no_search), opts)
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in history], out)
     return save_hf(model, tokenizer, out)
 
@@ -164,7 +178,7 @@ def main(argv: list[str] | None = None) -> str:
         with open(args.demos) as f:
             demos = [json.loads(line) for line in f if line.strip()]
     else:
-        demos = toy_demos(cfg)
+        demos = toy_demos(cfg, p_no_search=opts.p_no_search)
     model, tokenizer = _load(cfg)
     train_sft(model, tokenizer, demos, opts)
     return save_hf(model, tokenizer, args.out)

@@ -10,7 +10,12 @@ from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.sft import SFTOptions, _collate, sft_loss, tokenize_demo, toy_demos, train_sft, warm_start
 from rsearch_verl.trainer.session import toy_world_data
 
-SMALL = ["data.toy_world.n_entities=24", "data.toy_world.n_train=24", "data.toy_world.n_val=4"]
+SMALL = [
+    "model.sft_checkpoint=null",
+    "data.toy_world.n_entities=24",
+    "data.toy_world.n_train=24",
+    "data.toy_world.n_val=4",
+]
 
 
 def _cfg(tmp_path):
