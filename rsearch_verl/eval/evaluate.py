@@ -119,6 +119,7 @@ def run_eval(args, overrides: list[str]) -> dict[str, dict[str, float]]:
 
     cfg = load_config(overrides)
     cfg.model.path = args.checkpoint
+    cfg.model.sft_checkpoint = None  # the checkpoint under evaluation is the model (not the recipe's warm start)
     if args.toy_world and args.checkpoint != "tiny":
         cfg.model.tokenizer_path = cfg.model.tokenizer_path or args.checkpoint
     proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
