@@ -134,7 +134,9 @@ async def turn_sync(engine, tok, proto, client, prompts: list[list[int]], cfg: R
 async def run_all(args) -> list[tuple[str, float, dict]]:
     tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
     tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
-    engine = ScriptedHFEngine(build_tiny_qwen2(tiny, len(tok)), tok, script, max_batch=max(64, args.n))
+    engine = ScriptedHFEngine(
+        build_tiny_qwen2(tiny, len(tok)), tok, script, max_batch=max(64, args.n), continuous=args.continuous
+    )
     srv, url = serve(slow_retriever(args.latency_ms / 1000.0))
     cfg = RSearchConfig()
     cfg.retriever.url, cfg.retriever.cache, cfg.retriever.topk = url, False, 3
@@ -176,6 +178,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--continuous", action="store_true", help="HF engine joins requests mid-decode")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results = asyncio.run(run_all(args))
