@@ -102,5 +102,6 @@ def test_minilm_real_model_ranks_related_passage_first():
     np.testing.assert_allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-5)
     assert (q @ p.T).argmax(1).tolist() == [2, 1, 0]
     # batching / length sorting does not change the vectors
-    enc.batch_size = 1
+    enc.batch_size = enc.query_batch_size = 1
     np.testing.assert_allclose(enc.encode_passages(passages), p, atol=1e-5)
+    np.testing.assert_allclose(enc.encode_queries(["who wrote hamlet"]), q[:1], atol=1e-5)
