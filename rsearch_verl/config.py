@@ -107,7 +107,7 @@ class RolloutConfig:
 class RetrieverConfig:
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
     encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
-    index_type: str = "flat"  # flat | hnsw | ivfpq | sq8
+    index_type: str = "flat"  # flat | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank | sq8 (docs/retriever.md)
     corpus: str | None = None  # JSONL corpus; None with data.source=toy_world = the toy world's corpus
     index_dir: str | None = None  # None: built under the toy world cache
     topk: int = 3
