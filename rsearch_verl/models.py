@@ -129,6 +129,11 @@ def load_model(model_cfg, tokenizer, seed: int = 0):
 
     dtype = getattr(torch, model_cfg.dtype)
     source = model_cfg.sft_checkpoint or model_cfg.path
+    if source == "auto":
+        raise ValueError(
+            "model.sft_checkpoint=auto is resolved by the training session (rsearch_verl.sft.warm_start); "
+            "call warm_start(cfg) first or pass model.sft_checkpoint=null / a directory"
+        )
     if source == "tiny":
         model = build_tiny_qwen2(model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)
     else:

@@ -30,6 +30,7 @@ def ray_cluster():
 def make_cfg(n_workers: int, **extra):
     overrides = [
         "model=tiny",
+        "model.sft_checkpoint=null",  # a random policy: no warm start needed here
         "trainer=cpu",
         f"trainer.n_workers={n_workers}",
         "data.train_batch_size=4",
