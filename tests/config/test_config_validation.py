@@ -8,7 +8,10 @@ from rsearch_verl.config import ConfigError, load_config
 def test_recipes_compose():
     cfg = load_config(["+recipe=search_r1_ppo"])
     assert cfg.recipe == "search_r1_ppo" and cfg.use_critic and cfg.use_ref
-    assert cfg.actor.optim.lr == 1e-6 and cfg.critic.optim.lr == 1e-5
+    # the tiny toy policy's group replaces the paper's learning rates; a real model keeps them
+    assert cfg.actor.optim.lr == cfg.model.actor_lr and cfg.critic.optim.lr == cfg.model.critic_lr
+    real = load_config(["+recipe=search_r1_ppo", "model=qwen2_5_3b_instruct"])
+    assert real.actor.optim.lr == 1e-6 and real.critic.optim.lr == 1e-5
     grpo = load_config(["+recipe=search_r1_grpo"])
     assert grpo.rollout.n == 5 and not grpo.use_critic and grpo.actor.use_kl_loss
 
