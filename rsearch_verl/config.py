@@ -13,8 +13,11 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 ADV_ESTIMATORS = ("gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "mse", "low_var_kl")
@@ -309,15 +312,13 @@ def from_omegaconf(oc_cfg: Any) -> RSearchConfig:
 
 
 def apply_model_lr(cfg: RSearchConfig) -> RSearchConfig:
-    """Let the model group's scale-dependent learning rates (model.actor_lr / critic_lr) replace the recipe's."""
-    import logging
+    """Let the model group's scale-dependent learning rates (model.actor_lr / critic_lr) replace the recipe's.
 
+    They win over `actor.optim.lr` / `critic.optim.lr`: with such a model group, change `model.actor_lr`."""
     for role, lr in (("actor", cfg.model.actor_lr), ("critic", cfg.model.critic_lr)):
         optim = getattr(cfg, role).optim
         if lr is not None and lr != optim.lr:
-            logging.getLogger(__name__).info(
-                "%s lr %.3g (model.%s_lr) replaces the recipe's %.3g", role, lr, role, optim.lr
-            )
+            logger.info("%s lr %.3g (model.%s_lr) replaces the recipe's %.3g", role, lr, role, optim.lr)
             optim.lr = lr
     return cfg
 

@@ -38,7 +38,7 @@ def make_cfg(n_workers: int, **extra):
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor.ppo_mini_batch_size=4",
         "actor.micro_batch_size=1" if n_workers == 2 else "actor.micro_batch_size=2",
-        "actor.optim.lr=1e-2",
+        "model.actor_lr=1e-2",  # the tiny group's lr wins over actor.optim.lr
         "actor.use_kl_loss=true",
         "actor.kl_loss_type=low_var_kl",
         *[f"{k}={v}" for k, v in extra.items()],
