@@ -36,7 +36,21 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-topk", type=int, default=d.default_topk)
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = library default)")
+    p.add_argument(
+        "--workers", type=int, default=0, help="batches searched at once (0 = auto: 2 on a multi-core CPU, else 1)"
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+
+
+def search_workers(args: argparse.Namespace) -> int:
+    """--workers, or auto: two single-threaded batches at once on a multi-core CPU (less intra-op overhead than
+    one batch over all cores, see retrieval_server/batching.py), one batch at a time on a GPU. The searchr1 baseline
+    has no batcher: it keeps the library's thread defaults, as Search-R1's server does."""
+    if args.mode != "batched":
+        return 1
+    if args.workers:
+        return args.workers
+    return 2 if args.device == "cpu" and (os.cpu_count() or 1) >= 2 else 1
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -54,6 +68,7 @@ def serve(args: argparse.Namespace) -> None:
         default_topk=args.default_topk,
         batch_max=args.batch_max,
         batch_wait_ms=args.batch_wait_ms,
+        workers=search_workers(args),
         mode=args.mode,
         log_level=args.log_level,
     )
@@ -64,7 +79,7 @@ def serve(args: argparse.Namespace) -> None:
     from retrieval_server.app import create_app
     from retrieval_server.retriever import load_retriever
 
-    if args.threads > 0:
+    if args.threads > 0:  # with several workers each batch thread re-sets its own count (app.share_cores)
         import torch
 
         torch.set_num_threads(args.threads)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,6 +208,14 @@ def _add_searchr1_route(app: FastAPI, config: ServerConfig, retriever: Any) -> N
         return {"result": search_jobs(retriever, [job])[0]}
 
 
+def share_cores(running: int) -> None:
+    """Torch threads for the calling batch thread: all cores when it runs alone, a share when `running` batches
+    run at once (torch keeps the intra-op thread count per calling thread)."""
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // running))
+
+
 def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
     """Build the app serving `retriever` (a `retrieval_server.retriever.Retriever`) under `config`."""
     config = config.validated()
@@ -217,7 +226,13 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
             # Serialise on the search thread too: the event loop only moves bytes.
             return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs)]
 
-        batcher = MicroBatcher(run_batch, batch_max=config.batch_max, batch_wait_ms=config.batch_wait_ms)
+        batcher = MicroBatcher(
+            run_batch,
+            batch_max=config.batch_max,
+            batch_wait_ms=config.batch_wait_ms,
+            workers=config.workers,
+            on_start=share_cores if config.workers > 1 else None,
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):

@@ -31,6 +31,7 @@ class ServerConfig:
     default_topk: int = 3  # Search-R1's default when the client sends no topk
     batch_max: int = 64  # queries per coalesced encoder forward (a request larger than this still runs whole)
     batch_wait_ms: float = 0.0  # extra collection window when the search thread is idle (0 = dispatch at once)
+    workers: int = 1  # batches searched at once, each on its own thread ("batched" mode; the CLI picks 2 on CPU)
     mode: str = "batched"  # "batched" (coalescing) | "searchr1" (baseline: sync handler, one search per request)
     log_level: str = "warning"
 
@@ -40,7 +41,9 @@ class ServerConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max"):
+        positive = ["max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max"]
+        positive.append("workers")
+        for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.default_topk > self.max_topk:

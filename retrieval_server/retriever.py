@@ -27,7 +27,8 @@ MANIFEST_KEYS = ("encoder", "model_path", "pooling", "index_type", "params", "n_
 
 
 class Retriever:
-    """Batched search over one index. Used from a single executor thread; not meant to be shared across threads."""
+    """Batched search over one index. `search` may run on several threads at once (the batcher's workers): the
+    encoder runs under inference_mode, FAISS / bm25s searches and the memory-mapped corpus are read-only."""
 
     def __init__(self, manifest: dict, store: CorpusStore, index, encoder=None) -> None:
         self.manifest = manifest

@@ -130,3 +130,33 @@ def test_batcher_error_fails_its_batch_only():
             await batcher.submit("late", n_queries=1)
 
     _run(main())
+
+
+def test_batcher_second_worker_starts_only_with_enough_queries():
+    calls: list[list[int]] = []
+    started: list[int] = []  # on_start's argument: batches running when each batch began
+    gate = threading.Event()
+
+    def run_batch(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        gate.wait(5)
+        return [x + 100 for x in items]
+
+    async def main() -> list[int]:
+        # batch_max 16 -> a second concurrent batch needs >= 2 queued queries
+        batcher = MicroBatcher(run_batch, batch_max=16, workers=2, on_start=started.append)
+        first = asyncio.ensure_future(batcher.submit(0, n_queries=1))
+        await asyncio.sleep(0.05)
+        lone = asyncio.ensure_future(batcher.submit(1, n_queries=1))
+        await asyncio.sleep(0.05)
+        assert calls == [[0]]  # one query queued while a batch runs: it waits
+        pair = asyncio.ensure_future(batcher.submit(2, n_queries=1))
+        await asyncio.sleep(0.05)
+        assert calls == [[0], [1, 2]]  # two queued: the idle second worker takes them, concurrently
+        gate.set()
+        out = await asyncio.gather(first, lone, pair)
+        batcher.close()
+        return out
+
+    assert _run(main()) == [100, 101, 102]
+    assert started == [1, 2]
