@@ -1,23 +1,41 @@
-"""Async per-trajectory agent loop versus a turn-synchronous loop (Search-R1 style), in the same run.
+"""Async per-trajectory agent loop versus a turn-synchronous loop, in the same run, on a long-tailed workload.
 
-Same HF engine (tiny random Qwen2 on CPU), same prompts, same retriever: a local uvicorn app speaking the
-Search-R1 wire format that sleeps `--latency-ms` per request (requests overlap, as a real server's would).
-Trajectories have mixed turn counts: prompt i asks for i % 4 searches (0..3) before answering. A tiny random model
-never writes tags by itself, so the turn text is SCRIPTED: `ScriptedHFEngine` forces each turn's first tokens
-(`<think> … </think><search> q </search>` or `<answer> … </answer>`) through the real decode loop; after the
-script the model samples freely (that is what a loop without stop strings keeps generating and then throws away).
+Same HF engine (one instance, tiny random Qwen2 on CPU, continuous batching unless `--static`), same prompts, same
+retriever: a local uvicorn app speaking the Search-R1 wire format that sleeps `--latency-ms` +- `--jitter-ms`
+(uniform, seeded) per request; requests overlap, as a real server's would.
+
+Workload (what real Search-R1 rollouts look like, scripted so that every loop decodes the same tokens):
+  * mixed turn counts: prompt i asks for i % 4 searches (0..3) before answering;
+  * per (trajectory, turn) a seeded thinking length from a long-tailed distribution: with probability
+    `--long-frac` (default 0.18) a long turn of `--long-min`..`--long-max` (150..250) filler tokens, otherwise
+    `--short-min`..`--short-max` (8..48). The filler is the word " the" repeated N times, one BPE token each, so the
+    forced length is real decoded tokens. `--uniform` reproduces the old workload: no filler, every turn the same
+    short text ("<think> I need fact k </think><search> ... </search>").
+A tiny random model never writes tags by itself, so `ScriptedHFEngine` forces each turn's text
+(`<think> filler </think><search> q </search>` or `<answer> ... </answer>`) through the real decode loop (sampling,
+logprobs, stop-string check all run); after the script the model samples freely (that is what a loop without stop
+strings keeps generating and then throws away).
 
 Rows:
-  async (ours)        generate_batch_async: every trajectory on its own, stop strings in the engine, token-in/out
-  turn-sync + stop    all active trajectories generate turn t together, then one batched search, then turn t+1
+  async (ours)        generate_batch_async: every trajectory on its own, stop strings in the engine, token-in/out;
+                      a trajectory searches while the others decode and rejoins the running batch
+  turn-sync + stop    all active trajectories generate turn t together (the batch waits for its longest row), then
+                      one batched search, then turn t+1 -- the FAIR baseline: same engine, same stop strings
   turn-sync (S-R1)    as above but, like Search-R1, no stop strings: each turn generates up to max_tokens_per_turn,
                       the text is decoded, cut at the first stop tag and RE-TOKENISED (tokens after it discarded;
                       "retok!=" counts turns whose re-tokenised ids differ from the sampled ones)
+"policy" counts the tokens kept as policy tokens; async and turn-sync + stop must keep exactly the same number
+(asserted). Turn-sync pays about sum_t max_i len(i,t) decode steps plus one serial retrieval wait per turn; async
+pays about max_i sum_t len(i,t), with retrieval overlapped -- the gap is the long tail.
 
-    .venv/bin/python benchmarks/rollout_async.py                     # 32 trajectories, 50 ms, 128 tokens/turn
-    .venv/bin/python benchmarks/rollout_async.py --n 64 --latency-ms 100 --max-tokens-per-turn 256
+    .venv/bin/python benchmarks/rollout_async.py                 # 32 trajectories, long-tailed, 50+-25 ms retriever
+    .venv/bin/python benchmarks/rollout_async.py --uniform       # the old equal-length workload
+    .venv/bin/python benchmarks/rollout_async.py --static        # the engine's static batching (no mid-decode joins)
+    .venv/bin/python benchmarks/rollout_async.py --n 64 --latency-ms 100 --repeats 2
 
-Prints a table and, last, the speed-up of ours over the Search-R1-style turn-synchronous loop.
+Prints a header, a table and, last, the speed-up of ours over "turn-sync + stop" (the headline) and over the
+Search-R1-style loop. `--threads` (default 1) sets torch's intra-op threads: a 64-wide model gains nothing from
+more, and on a shared 2-core box extra threads only wait for each other.
 """
 
 from __future__ import annotations
@@ -26,8 +44,10 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import re
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -35,6 +55,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import torch  # noqa: E402
 import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 
@@ -49,15 +70,18 @@ from rsearch_verl.search.client import SearchClient  # noqa: E402
 
 logger = logging.getLogger("rollout_async")
 
+FILLER = " the"  # one BPE token per repeat with the benchmark tokenizer
 
-def slow_retriever(latency_s: float) -> FastAPI:
-    """Search-R1 wire format (`POST /retrieve`), fixed latency per request, canned passages."""
+
+def slow_retriever(latency_s: float, jitter_s: float, seed: int) -> FastAPI:
+    """Search-R1 wire format (`POST /retrieve`), latency +- jitter (uniform, seeded) per request, canned passages."""
     app = FastAPI()
+    rng = random.Random(seed)
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
         body = await request.json()
-        await asyncio.sleep(latency_s)
+        await asyncio.sleep(max(0.0, latency_s + rng.uniform(-jitter_s, jitter_s)))
         k = body.get("topk") or 3
         docs = [{"id": str(j), "contents": f'"Doc {j}"\nPassage {j} about the question.'} for j in range(k)]
         return {"result": [[{"document": d, "score": 1.0} for d in docs] for _ in body["queries"]]}
@@ -76,13 +100,31 @@ def serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
     return srv, f"http://127.0.0.1:{port}"
 
 
-def script(ctx: str) -> str:
-    """The scripted policy: `searches=K` in the prompt -> K search turns, then an answer."""
-    want = int(re.search(r"searches=(\d+)", ctx).group(1))
-    done = ctx.count("</search>")
-    if done < want:
-        return f"<think> I need fact {done} </think><search> fact {done} of the question </search>"
-    return "<think> enough </think><answer> forty two </answer>"
+class Script:
+    """The scripted policy: `Q<i>: searches=K` in the prompt -> K search turns, then an answer; each turn thinks for a
+    seeded, long-tailed number of filler tokens (none with `uniform`)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.seed = args.seed  # the workload draw
+
+    def think_len(self, traj: int, turn: int) -> int:
+        a = self.args
+        if a.uniform:
+            return 0
+        rng = random.Random(self.seed * 1_000_003 + traj * 101 + turn)
+        if rng.random() < a.long_frac:
+            return rng.randint(a.long_min, a.long_max)
+        return rng.randint(a.short_min, a.short_max)
+
+    def __call__(self, ctx: str) -> str:
+        match = re.search(r"Q(\d+): searches=(\d+)", ctx)
+        traj, want = int(match.group(1)), int(match.group(2))
+        done = ctx.count("</search>")
+        filler = FILLER * self.think_len(traj, done)
+        if done < want:
+            return f"<think> I need fact {done}{filler} </think><search> fact {done} of the question </search>"
+        return f"<think> enough{filler} </think><answer> forty two </answer>"
 
 
 async def turn_sync(engine, tok, proto, client, prompts: list[list[int]], cfg: RSearchConfig, use_stop: bool):
@@ -90,7 +132,7 @@ async def turn_sync(engine, tok, proto, client, prompts: list[list[int]], cfg: R
     rc = cfg.rollout
     resp: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
-    stats = {"generated": 0, "discarded": 0, "retok_mismatch": 0, "searches": 0}
+    stats = {"generated": 0, "policy": 0, "discarded": 0, "retok_mismatch": 0, "searches": 0}
     for turn in range(rc.max_turns):
         if not active:
             break
@@ -110,7 +152,8 @@ async def turn_sync(engine, tok, proto, client, prompts: list[list[int]], cfg: R
                 text = text[: min(ends)] if ends else text
                 kept = tok.encode(text, add_special_tokens=False)
                 stats["retok_mismatch"] += int(kept != list(out.token_ids[: len(kept)]))
-            stats["discarded"] += len(out.token_ids) - len(kept)
+            stats["discarded"] += max(0, len(out.token_ids) - len(kept))
+            stats["policy"] += len(kept)
             resp[i] += kept
             action = proto.parse_turn(tok.decode(kept))
             if action.kind == "search" and turn < rc.max_turns - 1:
@@ -131,75 +174,149 @@ async def turn_sync(engine, tok, proto, client, prompts: list[list[int]], cfg: R
     return stats
 
 
-async def run_all(args) -> list[tuple[str, float, dict]]:
-    tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
-    tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
-    engine = ScriptedHFEngine(
-        build_tiny_qwen2(tiny, len(tok)), tok, script, max_batch=max(64, args.n), continuous=args.continuous
-    )
-    srv, url = serve(slow_retriever(args.latency_ms / 1000.0))
+async def run_async(engine, tok, proto, client, dataset, cfg: RSearchConfig, n: int) -> dict:
+    prompts = dataset.to_batch(list(range(n)), uids=[f"u{i}" for i in range(n)])
+    batch = await generate_batch_async(engine, tok, prompts, cfg, search=client, protocol=proto)
+    gen = int(batch.batch["response_mask"].sum())
+    searches = int(sum(batch.non_tensor_batch["n_searches"]))
+    return {"generated": gen, "policy": gen, "discarded": 0, "retok_mismatch": 0, "searches": searches}
+
+
+def bench_config(url: str, args) -> RSearchConfig:
     cfg = RSearchConfig()
     cfg.retriever.url, cfg.retriever.cache, cfg.retriever.topk = url, False, 3
     cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn = 4, args.max_tokens_per_turn
     cfg.rollout.max_response_length, cfg.rollout.max_concurrent_trajectories = 4 * args.max_tokens_per_turn, args.n
+    return cfg
+
+
+LOOPS = ("async (ours)", "turn-sync + stop", "turn-sync (S-R1)")
+
+
+def step_bound(script: Script, tok, n: int) -> tuple[int, int]:
+    """Decode steps the workload needs at least: turn-sync sum_t max_i len(i,t) (each turn waits for its longest row),
+    async max_i sum_t len(i,t) (the longest trajectory), len = tokens of the scripted turn text."""
+    lens = []
+    for i in range(n):
+        ctx = f"Q{i}: searches={i % 4}"
+        lens.append(
+            [len(tok.encode(script(ctx + "</search>" * t), add_special_tokens=False)) for t in range(i % 4 + 1)]
+        )
+    turn_sync = sum(max(row[t] for row in lens if len(row) > t) for t in range(max(map(len, lens))))
+    return turn_sync, max(sum(row) for row in lens)
+
+
+async def run_loop(name: str, engine, tok, proto, dataset, cfg: RSearchConfig, n: int) -> tuple[float, dict]:
+    client = SearchClient(cfg.retriever)
+    before = dict(engine.counters)
+    start = time.perf_counter()
+    if name == "async (ours)":
+        stats = await run_async(engine, tok, proto, client, dataset, cfg, n)
+    else:
+        prompts = [r.prompt_ids for r in dataset.rows]
+        stats = await turn_sync(engine, tok, proto, client, prompts, cfg, use_stop=name == "turn-sync + stop")
+    wall = time.perf_counter() - start
+    await client.aclose()
+    stats.update({k: engine.counters[k] - before[k] for k in before})
+    return wall, stats
+
+
+async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, tuple[int, int]]]:
+    """Every loop `repeats` times per workload draw (seeds seed..seed+draws-1), the order rotated per repeat."""
+    tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+    tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
+    model = build_tiny_qwen2(tiny, len(tok))
+    script = Script(args)
+    engine = ScriptedHFEngine(model, tok, script, max_batch=max(64, args.n), continuous=not args.static)
+    srv, url = serve(slow_retriever(args.latency_ms / 1000.0, args.jitter_ms / 1000.0, args.seed))
+    cfg = bench_config(url, args)
     rows = [{"prompt": f"Q{i}: searches={i % 4}\n", "golden_answers": ["42"], "data_source": "bench"} for i in
             range(args.n)]  # fmt: skip
     dataset = PromptDataset(rows, tok, max_prompt_length=64)
     proto = get_protocol("search_r1")
-    results = []
+    results, bounds = [], {}
     try:
         await engine.generate(dataset.rows[0].prompt_ids, SamplingParams(max_tokens=8), [])  # warm-up
-        for _ in range(args.repeats):
-            client = SearchClient(cfg.retriever)
-            prompts = dataset.to_batch(list(range(args.n)), uids=[f"u{i}" for i in range(args.n)])
-            start = time.perf_counter()
-            batch = await generate_batch_async(engine, tok, prompts, cfg, search=client, protocol=proto)
-            wall = time.perf_counter() - start
-            gen = int(batch.batch["response_mask"].sum())
-            stats = {"generated": gen, "discarded": 0, "retok_mismatch": 0,
-                     "searches": int(sum(batch.non_tensor_batch["n_searches"]))}  # fmt: skip
-            results.append(("async (ours)", wall, stats))
-            for name, use_stop in (("turn-sync + stop", True), ("turn-sync (S-R1)", False)):
-                start = time.perf_counter()
-                stats = await turn_sync(engine, tok, proto, client, [r.prompt_ids for r in dataset.rows], cfg, use_stop)
-                results.append((name, time.perf_counter() - start, stats))
-            await client.aclose()
+        for draw in range(args.seed, args.seed + args.draws):
+            script.seed = draw
+            bounds[draw] = step_bound(script, tok, args.n)
+            for rep in range(args.repeats):
+                for k in range(len(LOOPS)):
+                    name = LOOPS[(k + rep) % len(LOOPS)]
+                    wall, stats = await run_loop(name, engine, tok, proto, dataset, cfg, args.n)
+                    results.append((draw, name, wall, stats))
     finally:
         engine.close()
         srv.should_exit = True
-    return results
+    return results, bounds
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=32, help="trajectories (prompt i does i %% 4 searches)")
     parser.add_argument("--latency-ms", type=float, default=50.0, help="retriever latency per request")
-    parser.add_argument("--max-tokens-per-turn", type=int, default=128)
+    parser.add_argument("--jitter-ms", type=float, default=25.0, help="uniform +- jitter on the latency")
+    parser.add_argument("--short-min", type=int, default=8, help="thinking tokens of a short turn, min")
+    parser.add_argument("--short-max", type=int, default=48)
+    parser.add_argument("--long-frac", type=float, default=0.18, help="probability that a turn is long")
+    parser.add_argument("--long-min", type=int, default=150)
+    parser.add_argument("--long-max", type=int, default=250)
+    parser.add_argument("--uniform", action="store_true", help="old workload: every turn the same short text")
+    parser.add_argument("--max-tokens-per-turn", type=int, default=300)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--continuous", action="store_true", help="HF engine joins requests mid-decode")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    results = asyncio.run(run_all(args))
-    walls: dict[str, list[float]] = {}
-    print(f"{args.n} trajectories (0-3 searches each, scripted turn text), "  # noqa: T201
-          f"retriever {args.latency_ms:.0f} ms/request, "
-          f"max_tokens_per_turn={args.max_tokens_per_turn}, "
-          f"tiny Qwen2 h={args.hidden} L={args.layers} on CPU")  # fmt: skip
-    head = f"{'loop':<20}{'wall s':>9}{'traj/s':>9}{'searches':>10}{'generated':>11}{'discarded':>11}{'retok!=':>9}"
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each loop per draw (median taken)")
+    parser.add_argument("--draws", type=int, default=1, help="workload draws: seeds seed..seed+draws-1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--static", action="store_true", help="engine runs each gathered batch to the end")
+    return parser.parse_args()
+
+
+def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, tuple[int, int]]) -> None:
+    workload = (
+        "uniform short turns"
+        if args.uniform
+        else f"thinking {args.short_min}-{args.short_max} tok, {args.long_frac:.0%} of turns "
+        f"{args.long_min}-{args.long_max}"
+    )
+    print(f"{args.n} trajectories, 0-3 searches each, {workload}; retriever {args.latency_ms:.0f}+-{args.jitter_ms:.0f}"  # noqa: T201
+          f" ms/request; max_tokens_per_turn={args.max_tokens_per_turn}; tiny Qwen2 h={args.hidden} L={args.layers} "
+          f"on CPU, {args.threads} thread(s), {'static' if args.static else 'continuous'} batching; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    for draw, (sync_steps, async_steps) in bounds.items():
+        print(
+            f"draw {draw}: decode-step lower bounds: turn-sync sum_t max_i len = {sync_steps}, "  # noqa: T201
+            f"async max_i sum_t len = {async_steps} (straggler bound {sync_steps / async_steps:.2f}x)"
+        )
+    head = (f"{'loop':<18}{'draw':>5}{'wall s':>8}{'traj/s':>8}{'searches':>9}{'policy':>8}{'generated':>10}"
+            f"{'discarded':>10}{'retok!=':>8}{'steps':>7}{'kv Mcol':>8}")  # fmt: skip
     print(head)  # noqa: T201
     print("-" * len(head))  # noqa: T201
-    for name, wall, s in results:
-        walls.setdefault(name, []).append(wall)
-        print(f"{name:<20}{wall:>9.2f}{args.n / wall:>9.1f}{s['searches']:>10}{s['generated']:>11}"  # noqa: T201
-              f"{s['discarded']:>11}{s['retok_mismatch']:>9}")  # fmt: skip
-    mean = {k: sum(v) / len(v) for k, v in walls.items()}
-    print(f"speed-up vs turn-sync+stop: {mean['turn-sync + stop'] / mean['async (ours)']:.2f}x")  # noqa: T201
+    walls: dict[tuple[int, str], list[float]] = {}
+    policy: dict[tuple[int, str], set[int]] = {}
+    for draw, name, wall, s in results:
+        walls.setdefault((draw, name), []).append(wall)
+        policy.setdefault((draw, name), set()).add(s["policy"])
+        print(f"{name:<18}{draw:>5}{wall:>8.2f}{args.n / wall:>8.1f}{s['searches']:>9}{s['policy']:>8}"  # noqa: T201
+              f"{s['generated']:>10}{s['discarded']:>10}{s['retok_mismatch']:>8}{s['decode_steps']:>7}"
+              f"{s['decode_kv_cols'] / 1e6:>8.2f}")  # fmt: skip
+    for draw in bounds:  # the comparison is only fair when both loops decoded the same policy tokens
+        assert policy[(draw, LOOPS[0])] == policy[(draw, LOOPS[1])], f"policy tokens differ: {policy}"
+    # per loop: the median over repeats of each draw, summed over draws
+    total = {name: sum(statistics.median(walls[(d, name)]) for d in bounds) for name in LOOPS}
     print(
-        f"speed-up async vs turn-synchronous (Search-R1 style): "  # noqa: T201
-        f"{mean['turn-sync (S-R1)'] / mean['async (ours)']:.2f}x"
+        f"speed-up async vs turn-synchronous (Search-R1 style, no stop strings): "  # noqa: T201
+        f"{total[LOOPS[2]] / total[LOOPS[0]]:.2f}x"
     )
+    print(f"speed-up async vs turn-sync + stop (fair baseline): {total[LOOPS[1]] / total[LOOPS[0]]:.2f}x")  # noqa: T201
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    report(args, *asyncio.run(run_all(args)))
 
 
 if __name__ == "__main__":

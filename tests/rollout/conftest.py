@@ -65,6 +65,9 @@ def retrieval_url(tmp_path_factory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
+        # the first /retrieve pays the server's lazy start-up (seconds under load); the tests' 0.5 s timeouts are meant
+        # for answering queries, not for that
+        httpx.post(f"{url}/retrieve", json={"queries": ["warm up"], "topk": 1}, timeout=120.0).raise_for_status()
         yield url
     finally:
         proc.terminate()

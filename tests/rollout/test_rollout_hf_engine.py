@@ -117,6 +117,39 @@ def test_requests_join_a_running_batch_and_leave_it_early(tok):
         engine.close()
 
 
+def test_continuous_greedy_with_staggered_joins_matches_static_and_generate(tok):
+    """Greedy decoding is the same with mid-decode joins (continuous) as in a static batch and as HF `generate` alone:
+    joins of shorter and longer prompts (both caches re-aligned), rows leaving first (padding columns dropped) and
+    the KV buffer growing past its spare room all keep the tokens and the logprobs exact."""
+    model = _model(tok)
+    prompts = [tok.encode("The quick brown fox jumps over the lazy dog"), tok.encode("hi"), tok.encode("who wrote it")]
+    budgets = [60, 300, 20]  # the first (longest prompt) leaves before the second; the third joins last
+    counters = {}
+
+    async def staggered(engine):
+        tasks = []
+        for p, n in zip(prompts, budgets, strict=True):
+            tasks.append(asyncio.ensure_future(engine.generate(p, SamplingParams(0.0, max_tokens=n), [])))
+            await asyncio.sleep(0.05)  # the earlier requests are decoding by now
+        return await asyncio.gather(*tasks)
+
+    outs = {}
+    for continuous in (True, False):
+        engine = HFEngine(model, tok, continuous=continuous)
+        try:
+            outs[continuous] = _run(staggered(engine))
+            counters[continuous] = dict(engine.counters)
+        finally:
+            engine.close()
+    assert max(r.timing["batch_size"] for r in outs[True]) == 3  # everyone joined the running batch
+    assert counters[True]["decode_steps"] < sum(budgets)  # rows shared decode steps
+    with torch.no_grad():
+        for p, n, cont, static in zip(prompts, budgets, outs[True], outs[False], strict=True):
+            ref = model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(p) :]
+            assert cont.token_ids == static.token_ids == ref.tolist()
+            assert torch.allclose(_forward_logprobs(model, p, cont.token_ids), torch.tensor(cont.logprobs), atol=1e-5)
+
+
 def test_greedy_is_argmax(tok):
     engine = HFEngine(_model(tok), tok)
     try:

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams
 
@@ -136,20 +137,20 @@ class BatchingEngine(RolloutEngine):
 
 
 def filtered_logprobs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """log-probs [V] of the sampling distribution of one row (temperature, top-k, top-p); raw when greedy."""
+    """log-probs [..., V] of the sampling distribution of each row (temperature, top-k, top-p); raw when greedy."""
     logits = logits.float()
     if sampling.temperature == 0:
         return torch.log_softmax(logits, dim=-1)
     logits = logits / sampling.temperature
     if 0 < sampling.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, sampling.top_k).values[-1]
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the mass before it already reaches top_p (the first token always stays)
         drop = (probs.cumsum(-1) - probs) >= sampling.top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -183,6 +184,71 @@ class _Batch:
     started: list[_Row] = field(default_factory=list)  # every row that ever joined, in order
 
 
+class _GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose keys / values are views of a buffer [B, heads, capacity, head_dim] with room to grow.
+
+    DynamicLayer appends by `torch.cat` of the whole cache, an O(B x S) copy per decode step and layer, which made a
+    wide continuous batch cost more per step than a narrow one; here a step writes its column in place and the
+    buffer is reallocated (with spare room) only when full, on a join, or when rows leave."""
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
+        super().__init__()
+        self.is_initialized = True
+        self.dtype, self.device = kbuf.dtype, kbuf.device
+        self._kbuf, self._vbuf, self.length = kbuf, vbuf, length
+        self._view()
+
+    @classmethod
+    def merged(cls, parts: list[DynamicLayer], width: int) -> _GrowingLayer:
+        """One layer holding `parts` stacked along the batch, each right-aligned to `width` columns."""
+        rows = sum(p.keys.shape[0] for p in parts)
+        _, h, _, d = parts[0].keys.shape
+        kbuf = parts[0].keys.new_zeros((rows, h, width + _spare(width), d))
+        vbuf = torch.zeros_like(kbuf)
+        at = 0
+        for p in parts:
+            n, s = p.keys.shape[0], p.keys.shape[2]
+            kbuf[at : at + n, :, width - s : width] = p.keys
+            vbuf[at : at + n, :, width - s : width] = p.values
+            at += n
+        return cls(kbuf, vbuf, width)
+
+    def _view(self) -> None:
+        self.keys, self.values = self._kbuf[:, :, : self.length], self._vbuf[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[2]
+        if end > self._kbuf.shape[2]:  # full: reallocate with room (amortised; a step never copies the cache)
+            self._kbuf, self._vbuf = (self._grown(buf, end + _spare(end)) for buf in (self._kbuf, self._vbuf))
+        self._kbuf[:, :, self.length : end] = key_states
+        self._vbuf[:, :, self.length : end] = value_states
+        self.length = end
+        self._view()
+        return self.keys, self.values
+
+    def _grown(self, buf: torch.Tensor, capacity: int) -> torch.Tensor:
+        out = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[3]))
+        out[:, :, : self.length] = buf[:, :, : self.length]
+        return out
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self._view()
+
+    def drop_left(self, n: int) -> None:
+        """Forget the first `n` columns (padding in every live row)."""
+        self._kbuf, self._vbuf = self._kbuf[:, :, n:], self._vbuf[:, :, n:]
+        self.length -= n
+        self._view()
+
+
+def _spare(width: int) -> int:
+    return max(64, width // 2)
+
+
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     extra = width - t.shape[dim]
     if extra <= 0:
@@ -214,6 +280,10 @@ class HFEngine(BatchingEngine):
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        # model forwards since start (written by the worker thread only; benchmarks read differences):
+        # decode steps, rows decoded (= tokens fed), key/value columns attended incl. padding, prefill forwards
+        self.counters = {"decode_steps": 0, "decode_rows": 0, "decode_kv_cols": 0, "prefills": 0}
+        self._token_text: dict[int, str] = {}  # token id -> its text alone (the stop-string pre-check)
         super().__init__(gather_ms=gather_ms, max_batch=max_batch)
 
     # ---- weights ----------------------------------------------------------------------------------------------
@@ -311,22 +381,26 @@ class HFEngine(BatchingEngine):
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        batch = _Batch(rows, out.past_key_values, attn, pos[:, -1], out.logits[:, -1, :])
+        self.counters["prefills"] += 1
+        past = out.past_key_values
+        if all(type(layer) is DynamicLayer for layer in past.layers):  # else (sliding window...): as the model made it
+            past.layers = [_GrowingLayer.merged([layer], width) for layer in past.layers]
+        batch = _Batch(rows, past, attn, pos[:, -1], out.logits[:, -1, :])
         batch.started = list(rows)
         for row in rows:
             row.peak = len(rows)
         return batch
 
     def _join(self, batch: _Batch | None, new: _Batch) -> _Batch:
-        """Append `new` rows to the running batch: both caches left-padded to one width (attention mask 0 there)."""
+        """Append `new` rows to the running batch: one cache buffer, both parts right-aligned to one width (attention
+        mask 0 on the left padding); one copy per join, none per decode step."""
         if batch is None or not batch.rows:
             return new
-        if not all(type(layer).__name__ == "DynamicLayer" for layer in batch.past.layers):
+        if not all(isinstance(layer, _GrowingLayer) for layer in batch.past.layers):
             raise RuntimeError("continuous batching needs a plain DynamicCache (no sliding-window layers)")
         width = max(batch.attn.shape[1], new.attn.shape[1])
-        for old, add in zip(batch.past.layers, new.past.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(add.keys, width, 2)])
-            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(add.values, width, 2)])
+        for i, (old, add) in enumerate(zip(batch.past.layers, new.past.layers, strict=True)):
+            batch.past.layers[i] = _GrowingLayer.merged([old, add], width)
         batch.attn = torch.cat([_left_pad(batch.attn, width, 1), _left_pad(new.attn, width, 1)])
         batch.last_pos = torch.cat([batch.last_pos, new.last_pos])
         batch.logits = torch.cat([batch.logits, new.logits])
@@ -338,7 +412,7 @@ class HFEngine(BatchingEngine):
 
     def _sample(self, batch: _Batch) -> list[_Row]:
         """One token for every live row; finished rows leave the batch (and its cache) and are returned."""
-        next_ids = [self._step(row, batch.logits[i]) for i, row in enumerate(batch.rows)]
+        next_ids = self._choose(batch.rows, batch.logits)
         keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
         done = [row for row in batch.rows if row.finish is not None]
         batch.pending = [next_ids[i] for i in keep]
@@ -353,7 +427,10 @@ class HFEngine(BatchingEngine):
         first = int(batch.attn.any(0).nonzero()[0])  # columns that are padding in every live row: drop them
         if first > 0:
             for layer in batch.past.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+                if isinstance(layer, _GrowingLayer):
+                    layer.drop_left(first)
+                else:
+                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
             batch.attn = batch.attn[:, first:]
         return done
 
@@ -361,6 +438,9 @@ class HFEngine(BatchingEngine):
         """Feed each live row's newest token; the batch then holds the next logits."""
         batch.attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=1)
         batch.last_pos = batch.last_pos + 1
+        self.counters["decode_steps"] += 1
+        self.counters["decode_rows"] += len(batch.rows)
+        self.counters["decode_kv_cols"] += batch.attn.numel()
         out = self.model(
             input_ids=torch.tensor(batch.pending, device=self.device).unsqueeze(1),
             attention_mask=batch.attn,
@@ -370,26 +450,53 @@ class HFEngine(BatchingEngine):
         )
         batch.logits, batch.past = out.logits[:, -1, :], out.past_key_values
 
-    def _step(self, row: _Row, logits: torch.Tensor) -> int:
-        """Pick the row's next token, record it, and decide whether the row is finished."""
-        sampling = row.req.sampling
-        logp = filtered_logprobs(logits, sampling)
-        n = len(row.tokens)
-        if n < len(row.forced):
-            token = row.forced[n]
-        elif sampling.temperature == 0:
-            token = int(torch.argmax(logp))
+    def _choose(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        """Next token of every row (forced, greedy or sampled with the row's generator), recorded on the row. The
+        log-probs of rows that share sampling settings are computed as one batch, not row by row."""
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):
+            s = row.req.sampling
+            groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+        if len(groups) == 1:
+            logp = filtered_logprobs(logits, rows[0].req.sampling)
         else:
-            token = int(torch.multinomial(logp.exp().cpu(), 1, generator=row.generator))
+            logp = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+            for index in groups.values():
+                at = torch.tensor(index, device=logits.device)
+                logp[at] = filtered_logprobs(logits[at], rows[index[0]].req.sampling)
+        greedy = logp.argmax(-1).tolist()
+        tokens = []
+        for i, row in enumerate(rows):
+            n = len(row.tokens)
+            if n < len(row.forced):
+                tokens.append(row.forced[n])
+            elif row.req.sampling.temperature == 0:
+                tokens.append(greedy[i])
+            else:
+                tokens.append(int(torch.multinomial(logp[i].exp().cpu(), 1, generator=row.generator)))
+        chosen = logp[torch.arange(len(rows), device=logp.device), torch.tensor(tokens, device=logp.device)]
+        for row, token, lp in zip(rows, tokens, chosen.tolist(), strict=True):
+            self._record(row, token, lp)
+        return tokens
+
+    def _record(self, row: _Row, token: int, logprob: float) -> None:
+        """Append the row's token and decide whether the row is finished."""
         row.tokens.append(token)
-        row.logprobs.append(float(logp[token]))
+        row.logprobs.append(logprob)
         if token in self.eos_ids:
             row.finish = "eos"
-        elif row.req.stop and (hit := self._stop_hit(row)) is not None:
+        elif row.req.stop and self._may_complete(token, row.req.stop) and (hit := self._stop_hit(row)) is not None:
             row.finish, row.stop_string = "stop", hit
-        elif len(row.tokens) >= sampling.max_tokens:
+        elif len(row.tokens) >= row.req.sampling.max_tokens:
             row.finish = "length"
-        return token
+
+    def _may_complete(self, token: int, stop: list[str]) -> bool:
+        """Whether `token` can be the last piece of a stop string: its text holds a stop string's last character (or
+        is a partial UTF-8 byte). Skips decoding the tail window for the vast majority of tokens."""
+        text = self._token_text.get(token)
+        if text is None:
+            text = self._token_text[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return "\ufffd" in text or any(s[-1] in text for s in stop if s)
 
     def _stop_hit(self, row: _Row) -> str | None:
         # only the newest token can complete a stop string (earlier ones were checked at their own step), so a
