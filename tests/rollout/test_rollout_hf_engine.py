@@ -150,6 +150,37 @@ def test_continuous_greedy_with_staggered_joins_matches_static_and_generate(tok)
             assert torch.allclose(_forward_logprobs(model, p, cont.token_ids), torch.tensor(cont.logprobs), atol=1e-5)
 
 
+def test_sliding_window_cache_is_never_joined_into(tok):
+    """A model whose cache has sliding-window layers cannot be re-aligned: a late request waits for the running batch
+    to drain instead of joining it, and both requests still get exactly their greedy tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=1, num_key_value_heads=1, use_sliding_window=True, sliding_window=16,
+                         max_window_layers=0, tie_word_embeddings=True)  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    engine = HFEngine(model, tok)
+    prompts = [tok.encode("The quick brown fox jumps"), tok.encode("hi")]
+
+    async def staggered():
+        first = asyncio.ensure_future(engine.generate(prompts[0], SamplingParams(0.0, max_tokens=400), []))
+        await asyncio.sleep(0.05)  # the first is decoding by now
+        second = await engine.generate(prompts[1], SamplingParams(0.0, max_tokens=10), [])
+        return await first, second
+
+    try:
+        outs = _run(staggered())
+        assert [r.timing["batch_size"] for r in outs] == [1.0, 1.0]
+        with torch.no_grad():
+            for p, r in zip(prompts, outs, strict=True):
+                n = len(r.token_ids)
+                ref = model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                assert r.token_ids == ref[0, len(p) :].tolist()
+    finally:
+        engine.close()
+
+
 def test_greedy_is_argmax(tok):
     engine = HFEngine(_model(tok), tok)
     try:
