@@ -196,24 +196,25 @@ def bench_config(url: str, args) -> RSearchConfig:
     cfg = RSearchConfig()
     cfg.retriever.url, cfg.retriever.cache, cfg.retriever.topk = url, False, 3
     cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn = 4, args.max_tokens_per_turn
-    cfg.rollout.max_response_length, cfg.rollout.max_concurrent_trajectories = 4 * args.max_tokens_per_turn, args.n
+    # room for every scripted turn and observation: no trajectory is cut by the budget (the step bounds assume it)
+    cfg.rollout.max_response_length = 4 * args.max_tokens_per_turn + 3 * cfg.rollout.max_obs_length
+    cfg.rollout.max_concurrent_trajectories = args.n
     return cfg
 
 
 LOOPS = ("async (ours)", "turn-sync + stop", "turn-sync (S-R1)")
 
 
-def step_bound(script: Script, tok, n: int) -> tuple[int, int]:
-    """Decode steps the workload needs at least: turn-sync sum_t max_i len(i,t) (each turn waits for its longest row),
-    async max_i sum_t len(i,t) (the longest trajectory), len = tokens of the scripted turn text."""
+def step_bound(script: Script, tok, n: int) -> tuple[int, int, int]:
+    """Decode steps the workload needs at least: turn-sync sum_t max_i steps(i,t) (each turn waits for its longest
+    row), async max_i sum_t steps(i,t) (the longest trajectory); steps = tokens of the scripted turn text - 1 (a turn's
+    first token comes from its prefill). Also the policy tokens the script makes every loop keep."""
     lens = []
     for i in range(n):
-        ctx = f"Q{i}: searches={i % 4}"
-        lens.append(
-            [len(tok.encode(script(ctx + "</search>" * t), add_special_tokens=False)) for t in range(i % 4 + 1)]
-        )
+        texts = [script(f"Q{i}: searches={i % 4}" + "</search>" * t) for t in range(i % 4 + 1)]
+        lens.append([len(tok.encode(text, add_special_tokens=False)) - 1 for text in texts])
     turn_sync = sum(max(row[t] for row in lens if len(row) > t) for t in range(max(map(len, lens))))
-    return turn_sync, max(sum(row) for row in lens)
+    return turn_sync, max(sum(row) for row in lens), sum(map(sum, lens)) + sum(map(len, lens))
 
 
 async def run_loop(name: str, engine, tok, proto, dataset, cfg: RSearchConfig, n: int) -> tuple[float, dict]:
@@ -231,7 +232,7 @@ async def run_loop(name: str, engine, tok, proto, dataset, cfg: RSearchConfig, n
     return wall, stats
 
 
-async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, tuple[int, int]]]:
+async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, tuple[int, int, int]]]:
     """Every loop `repeats` times per workload draw (seeds seed..seed+draws-1), the order rotated per repeat."""
     tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
     tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
@@ -283,7 +284,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, tuple[int, int]]) -> None:
+def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, tuple[int, int, int]]) -> None:
     workload = (
         "uniform short turns"
         if args.uniform
@@ -294,10 +295,10 @@ def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, 
           f" ms/request; max_tokens_per_turn={args.max_tokens_per_turn}; tiny Qwen2 h={args.hidden} L={args.layers} "
           f"on CPU, {args.threads} thread(s), {'static' if args.static else 'continuous'} batching; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    for draw, (sync_steps, async_steps) in bounds.items():
+    for draw, (sync_steps, async_steps, _) in bounds.items():
         print(
-            f"draw {draw}: decode-step lower bounds: turn-sync sum_t max_i len = {sync_steps}, "  # noqa: T201
-            f"async max_i sum_t len = {async_steps} (straggler bound {sync_steps / async_steps:.2f}x)"
+            f"draw {draw}: decode-step lower bounds: turn-sync sum_t max_i steps = {sync_steps}, "  # noqa: T201
+            f"async max_i sum_t steps = {async_steps} (straggler bound {sync_steps / async_steps:.2f}x)"
         )
     head = (f"{'loop':<18}{'draw':>5}{'wall s':>8}{'traj/s':>8}{'searches':>9}{'policy':>8}{'generated':>10}"
             f"{'discarded':>10}{'retok!=':>8}{'steps':>7}{'kv Mcol':>8}")  # fmt: skip
@@ -311,8 +312,8 @@ def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, 
         print(f"{name:<18}{draw:>5}{wall:>8.2f}{args.n / wall:>8.1f}{s['searches']:>9}{s['policy']:>8}"  # noqa: T201
               f"{s['generated']:>10}{s['discarded']:>10}{s['retok_mismatch']:>8}{s['decode_steps']:>7}"
               f"{s['decode_kv_cols'] / 1e6:>8.2f}")  # fmt: skip
-    for draw in bounds:  # the comparison is only fair when both loops decoded the same policy tokens
-        assert policy[(draw, LOOPS[0])] == policy[(draw, LOOPS[1])], f"policy tokens differ: {policy}"
+    for draw, (_, _, scripted) in bounds.items():  # fair only when both loops kept the same (scripted) policy tokens
+        assert policy[(draw, LOOPS[0])] == policy[(draw, LOOPS[1])] == {scripted}, f"policy tokens differ: {policy}"
     # per loop: the median over repeats of each draw, summed over draws
     total = {name: sum(statistics.median(walls[(d, name)]) for d in bounds) for name in LOOPS}
     steps = {name: sum(s["decode_steps"] for _, n, _, s in results if n == name) for name in LOOPS}
