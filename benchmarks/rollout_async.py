@@ -37,12 +37,13 @@ pays about max_i sum_t len(i,t), with retrieval overlapped -- the gap is the lon
 Prints a header, a table, the decode-step ratio and, last, the speed-up of ours over the Search-R1-style loop and
 over "turn-sync + stop" (the headline, last line).
 
-Measured (2-core CPU shared with other jobs; defaults, medians of --repeats 3), fair baseline: 1.24x / 1.33x / 1.27x
-at load average 2.6-3.0 (async 3.4-3.8 s, turn-sync + stop 4.5-4.8 s), 1.46x at load 1.4 (2.54 vs 3.71 s);
-Search-R1 style 2.1x-3.0x (13657 of 20902 tokens discarded). Decode steps 703-734 vs 1025 (1.40-1.46x; straggler
-bound 1.52x for draw 0; `--draws 6`: 1.57x fewer steps, bound 1.6x, wall 1.26x). `--uniform`: 0.93x (bound 1.00x:
-no straggler to remove). A CPU forward's per-row costs (attention over the KV cache, sampling) are the same total
-work for both loops and dilute the step saving: the ~2x of issue 3 is not reached on this workload.
+Measured (2-core CPU shared with other jobs, load average 2.8-3.1; defaults, medians of --repeats 3, three runs):
+async 3.48 / 3.46 / 3.17 s vs turn-sync + stop 4.75 / 4.12 / 4.30 s -> 1.36x / 1.19x / 1.36x (1.46x in a run at load
+1.4); Search-R1 style 1.9x-2.3x (13657 of 20902 tokens discarded). Decode steps 703-741 vs 1025 (1.41-1.45x; straggler
+bound 1.52x for draw 0). `--draws 6`: 1.57x fewer steps (bound 1.64x), wall 1.16x. `--uniform`: 0.87x (bound 1.00x:
+nothing to gain). `--static`: 0.89x. A CPU forward's per-row cost (attention over the KV cache) is the same total for
+both loops and dilutes the step saving: the ~2x of issue 3 is not reached on this workload (even the step bound
+averages 1.67x over 20 draws).
 
 `--threads` (default 1) sets torch's intra-op threads: a 64-wide model gains nothing from more, and on a shared
 2-core box extra threads only wait for each other.
