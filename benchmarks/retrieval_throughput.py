@@ -178,6 +178,8 @@ def bench(args: argparse.Namespace) -> list[dict]:
     extra = ["--batch-max", str(args.batch_max), "--batch-wait-ms", str(args.batch_wait_ms)]
     if args.threads:
         extra += ["--threads", str(args.threads)]
+    if args.workers:
+        extra += ["--workers", str(args.workers)]
     rows = []
     for mode in args.modes.split(","):
         proc, url = start_server(index, mode, extra, work / f"server_{mode}.log")
@@ -226,6 +228,7 @@ def main() -> None:
     p.add_argument("--batch-max", type=int, default=64)
     p.add_argument("--batch-wait-ms", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=0, help="server torch threads (0 = default)")
+    p.add_argument("--workers", type=int, default=0, help="batched mode: concurrent search batches (0 = auto)")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
     # internal: the load generator process
     p.add_argument("--loadgen", default=None, help=argparse.SUPPRESS)

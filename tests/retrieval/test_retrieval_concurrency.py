@@ -143,8 +143,8 @@ def test_batcher_second_worker_starts_only_with_enough_queries():
         return [x + 100 for x in items]
 
     async def main() -> list[int]:
-        # batch_max 16 -> a second concurrent batch needs >= 2 queued queries
-        batcher = MicroBatcher(run_batch, batch_max=16, workers=2, on_start=started.append)
+        # batch_max 8 -> a second concurrent batch needs >= 2 queued queries
+        batcher = MicroBatcher(run_batch, batch_max=8, workers=2, on_start=started.append)
         first = asyncio.ensure_future(batcher.submit(0, n_queries=1))
         await asyncio.sleep(0.05)
         lone = asyncio.ensure_future(batcher.submit(1, n_queries=1))
