@@ -64,8 +64,8 @@ class ToyWorldConfig:
     """The embedded offline world (rsearch_verl/data/toy_world.py)."""
 
     seed: int = 0
-    n_entities: int = 60
-    n_train: int = 256
+    n_entities: int = 320
+    n_train: int = 512
     n_val: int = 64
     cache_dir: str = "~/.cache/rsearch_verl/toy_world"
 

@@ -33,13 +33,16 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class SFTOptions:
-    epochs: int = 4
+    epochs: int = 14  # the tiny policy starts copying names and answers after ~6 epochs; reading keeps improving
     lr: float = 3e-3  # peak; linear warmup over `warmup_steps`, then linear decay to 10 % (tiny models from scratch)
     batch_size: int = 8
-    max_length: int = 640  # a 2-hop Search-R1 demonstration is ~350-780 tokens with the toy tokenizer
+    max_length: int = 640  # a 2-hop Search-R1 toy demonstration (top-1 passages) is ~250-300 tokens
     seed: int = 0
     warmup_steps: int = 20
-    p_no_search: float = 0.5  # toy world demos: share that answers from "memory" without searching
+    # toy world demos: the share that answers from "memory" without searching (> 0.5: the warm start's greedy choice
+    # is not to search, and RL has to discover that searching pays)
+    p_no_search: float = 0.6
+    n_demos: int = 2048  # toy world demos (rsearch_verl/data/toy_demos.py, practice facts: nothing to memorise)
 
 
 def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[int]]:
@@ -131,12 +134,13 @@ def _load(cfg: RSearchConfig):
     return load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer
 
 
-def toy_demos(cfg: RSearchConfig, n: int | None = None, p_no_search: float = 0.5) -> list[dict]:
-    from rsearch_verl.data.toy_world import build_toy_world, demonstrations
+def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float = 0.5) -> list[dict]:
+    from rsearch_verl.data.toy_demos import demonstrations
+    from rsearch_verl.data.toy_world import build_toy_world
 
     world = build_toy_world(cfg.data.toy_world)
-    n = n or cfg.data.toy_world.n_train
-    return demonstrations(world, cfg.rollout.protocol, n, seed=cfg.seed, p_no_search=p_no_search)
+    topk = cfg.retriever.topk  # the demos' observations look exactly like the RL rollouts' ones
+    return demonstrations(world, cfg.rollout.protocol, n, seed=cfg.seed, p_no_search=p_no_search, topk=topk)
 
 
 def warm_start(cfg: RSearchConfig, opts: SFTOptions | None = None) -> str:
@@ -153,7 +157,7 @@ def warm_start(cfg: RSearchConfig, opts: SFTOptions | None = None) -> str:
         return out
     model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)
     model, tokenizer = _load(dataclasses.replace(cfg, model=model_cfg))
-    history = train_sft(model, tokenizer, toy_demos(cfg, p_no_search=opts.p_no_search), opts)
+    history = train_sft(model, tokenizer, toy_demos(cfg, opts.n_demos, p_no_search=opts.p_no_search), opts)
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in history], out)
     return save_hf(model, tokenizer, out)
 
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> str:
         with open(args.demos) as f:
             demos = [json.loads(line) for line in f if line.strip()]
     else:
-        demos = toy_demos(cfg, p_no_search=opts.p_no_search)
+        demos = toy_demos(cfg, opts.n_demos, p_no_search=opts.p_no_search)
     model, tokenizer = _load(cfg)
     train_sft(model, tokenizer, demos, opts)
     return save_hf(model, tokenizer, args.out)

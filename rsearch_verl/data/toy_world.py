@@ -1,10 +1,11 @@
 """The embedded toy world: a seeded, fictional knowledge base whose questions can only be answered by searching.
 
-People, cities and regions get made-up, syllable-generated names (never real words); people have a birthplace,
-a birth year, a profession, a favourite colour and usually a mentor; cities lie in a region and have a founding
-year; regions have an emblem animal. Each entity becomes one passage of the corpus
-(`{"id", "contents": "\"Title\"\ntext"}`, the FlashRAG / Search-R1 format). Questions need 1 hop ("What is the
-profession of Zorvan Quell?") or 2 hops ("In which city was the mentor of Zorvan Quell born?").
+People, cities and regions get made-up two-word names (never real words; each word comes from a pool of its kind,
+so "Kiro Baz" is a person and "Tul Vex" a city); people have a birthplace, a birth year, a profession, a favourite
+colour and usually a mentor; cities lie in a region and have a founding year; regions have an emblem animal. Each
+entity becomes one short passage of the corpus (`{"id", "contents": "\"Title\"\ntext"}`, the FlashRAG / Search-R1
+format). Questions need 1 hop ("What is the profession of Kiro Baz?") or 2 hops ("In which region is the
+birthplace of Kiro Baz located?": search the person, read the city, search the city, read the region).
 
 The entities are partitioned into two disconnected sub-worlds, train and val, and every question (its subject,
 the entities on its hop chain and its answer) comes from one side only: validation answers cannot be memorised
@@ -18,7 +19,7 @@ written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"i
 Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
     tok_dir = toy_tokenizer(world, ["search_r1"])      # small BPE tokenizer dir for the tiny Qwen2 policy
-    demos = demonstrations(world, "search_r1", n=64, seed=0)   # imperfect SFT trajectories
+    demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/data/toy_demos.py: SFT demos
 CLI (build or find the cached world, print its paths and a few questions):
     python -m rsearch_verl.data.toy_world --seed 0 --n-entities 60 [--cache-dir DIR] [--tokenizer search_r1]
 """
@@ -29,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -40,7 +42,7 @@ from rsearch_verl.config import ToyWorldConfig
 logger = logging.getLogger(__name__)
 
 # Bump when the generator changes, so cached worlds built by older code are not reused.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 VAL_ENTITY_SHARE = 0.3  # of the entities; questions per entity are ~12 for people, so 30 % covers n_val=64
 TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
 TOKENIZER_VOCAB = 3072
@@ -101,7 +103,7 @@ def _name_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
         if len(out) == n:
             break
         word = "".join(rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(2))
-        if not 5 <= len(word) <= 8 or not any(m in word for m in _EXOTIC):
+        if not 4 <= len(word) <= 7 or not any(m in word for m in _EXOTIC):
             continue
         if any(word in t or t in word for t in taken):
             continue
@@ -112,21 +114,55 @@ def _name_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
     return out
 
 
-def _make_side(rng: random.Random, side: str, n: int, taken: set[str]) -> list[Entity]:
-    """One disconnected sub-world: relations never leave it."""
+def _kind_counts(n: int) -> dict[str, int]:
     n_regions = max(1, round(n * 0.1))
     n_cities = max(2, round(n * 0.28))
-    n_people = n - n_regions - n_cities
-    if n_people < 3:
+    return {"region": n_regions, "city": n_cities, "person": n - n_regions - n_cities}
+
+
+def name_pools(rng: random.Random, n_entities: int) -> dict[str, tuple[list[str], list[str]]]:
+    """Per kind, two pools of made-up words; a name is one word of each ("Kiro Baz"). Both sides draw from the
+    same pools (each word names train AND val entities), and the pools of different kinds are disjoint, so a word
+    says what it names. With one token per pool word (toy_tokenizer), writing a held-out name into a query or an
+    answer is a copy of tokens the policy has seen, never the recall of a name it has not."""
+    taken: set[str] = set()
+    pools = {}
+    for kind, count in _kind_counts(n_entities).items():
+        size = max(3, math.isqrt(3 * count) + 1)  # >= 3x more combinations than names
+        pools[kind] = (_name_words(rng, size, taken), _name_words(rng, size, taken))
+    return pools
+
+
+def _names(rng: random.Random, kind: str, n: int, pools: dict, used: set[str]) -> list[str]:
+    """`n` unused names of `kind`. Once the train side has names, only words it already uses are combined, so
+    every word of a val name also occurs in train names (the val name itself never does)."""
+    first, second = pools[kind]
+    seen = {w for name in used for w in name.split()}
+    free = [f"{a} {b}" for a in first for b in second if f"{a} {b}" not in used]
+    if used:
+        free = [c for c in free if set(c.split()) <= seen] or free
+    if len(free) < n:
+        raise ValueError(f"toy_world: not enough {kind} names; lower toy_world.n_entities")
+    picked = rng.sample(free, n)
+    used.update(picked)
+    return picked
+
+
+def make_side(rng: random.Random, side: str, n: int, pools: dict, used: set[str]) -> list[Entity]:
+    """One disconnected sub-world: relations never leave it."""
+    counts = _kind_counts(n)
+    if counts["person"] < 3:
         raise ValueError(f"toy_world.n_entities: too few entities for the {side} side ({n}); use >= 20 in all")
-    regions = [Entity(w, "region", side, {"emblem": rng.choice(ANIMALS)}) for w in _name_words(rng, n_regions, taken)]
+    regions = [
+        Entity(w, "region", side, {"emblem": rng.choice(ANIMALS)})
+        for w in _names(rng, "region", counts["region"], pools, used)
+    ]
     cities = [
         Entity(w, "city", side, {"region": rng.choice(regions).name, "founded": str(rng.randint(900, 1600))})
-        for w in _name_words(rng, n_cities, taken)
+        for w in _names(rng, "city", counts["city"], pools, used)
     ]
-    words = _name_words(rng, 2 * n_people, taken)
     people: list[Entity] = []
-    for i in range(n_people):
+    for name in _names(rng, "person", counts["person"], pools, used):
         attrs = {
             "birthplace": rng.choice(cities).name,
             "born": str(rng.randint(1700, 1950)),
@@ -136,7 +172,7 @@ def _make_side(rng: random.Random, side: str, n: int, taken: set[str]) -> list[E
         # Mentors come from earlier people, so the mentor graph is a forest (no cycles); most people have one.
         if people and rng.random() < 0.85:
             attrs["mentor"] = rng.choice(people).name
-        people.append(Entity(f"{words[2 * i]} {words[2 * i + 1]}", "person", side, attrs))
+        people.append(Entity(name, "person", side, attrs))
     return regions + cities + people
 
 
@@ -144,7 +180,9 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _passage_text(e: Entity, students: list[str], born_here: list[str], cities_in: list[str]) -> str:
+def passage_text(e: Entity) -> str:
+    """One short passage per entity: each kind of value it holds (city, region, profession, colour, animal)
+    appears once, so the passage answers every question about its entity without ambiguity."""
     a = e.attrs
     if e.kind == "person":
         text = (
@@ -154,16 +192,10 @@ def _passage_text(e: Entity, students: list[str], born_here: list[str], cities_i
         )
         if "mentor" in a:
             text += f" {e.name} was trained by the mentor {a['mentor']}."
-        if students:
-            text += f" {e.name} was the mentor of {', '.join(students)}."
     elif e.kind == "city":
         text = f"{e.name} is a city in the region of {a['region']}. It was founded in {a['founded']}."
-        if born_here:
-            text += f" People born in {e.name} include {', '.join(born_here)}."
     else:
-        text = f"{e.name} is a region whose emblem shows a {a['emblem']}."
-        if cities_in:
-            text += f" Its cities include {', '.join(cities_in)}."
+        text = f"{e.name} is a region whose emblem shows {_article(a['emblem'])} {a['emblem']}."
     return f'"{e.name}"\n{text}'
 
 
@@ -172,53 +204,37 @@ def _corpus(rng: random.Random, entities: list[Entity]) -> list[dict]:
     rng.shuffle(order)  # passage ids must not reveal the side or the kind
     for pid, i in enumerate(order):
         entities[i].passage_id = f"tw-{pid:04d}"
-    rows = []
-    for i in order:
-        e = entities[i]
-        students = [p.name for p in entities if p.attrs.get("mentor") == e.name]
-        born_here = [p.name for p in entities if p.attrs.get("birthplace") == e.name]
-        cities_in = [c.name for c in entities if c.kind == "city" and c.attrs.get("region") == e.name]
-        rows.append({"id": e.passage_id, "contents": _passage_text(e, students, born_here, cities_in)})
-    return rows
+    return [{"id": entities[i].passage_id, "contents": passage_text(entities[i])} for i in order]
 
 
-# (template, attribute) for 1 hop; the subject is the question's entity
-_ONE_HOP = {
+# (template, attribute) for 1 hop; the subject is the question's entity. Every answer is a word of a closed set
+# or a name: one or two tokens the policy copies out of the retrieved passage.
+ONE_HOP = {
     "person": [
         ("In which city was {s} born?", "birthplace"),
-        ("In what year was {s} born?", "born"),
         ("What is the profession of {s}?", "profession"),
         ("What is the favourite colour of {s}?", "colour"),
-        ("Who was the mentor of {s}?", "mentor"),
     ],
-    "city": [("In which region is {s} located?", "region"), ("In what year was {s} founded?", "founded")],
+    "city": [("In which region is {s} located?", "region")],
     "region": [("What animal is shown on the emblem of {s}?", "emblem")],
 }
 # (template, relation from the subject, attribute of the related entity)
-_TWO_HOP = {
-    "person": [
-        ("In which city was the mentor of {s} born?", "mentor", "birthplace"),
-        ("In what year was the mentor of {s} born?", "mentor", "born"),
-        ("What is the profession of the mentor of {s}?", "mentor", "profession"),
-        ("What is the favourite colour of the mentor of {s}?", "mentor", "colour"),
-        ("Who was the mentor of the mentor of {s}?", "mentor", "mentor"),
-        ("In which region is the birthplace of {s} located?", "birthplace", "region"),
-        ("In what year was the birthplace of {s} founded?", "birthplace", "founded"),
-    ],
+TWO_HOP = {
+    "person": [("In which region is the birthplace of {s} located?", "birthplace", "region")],
     "city": [("What animal is shown on the emblem of the region where {s} lies?", "region", "emblem")],
     "region": [],
 }
 
 
-def _question_pool(entities: list[Entity]) -> tuple[list[dict], list[dict]]:
+def question_pool(entities: list[Entity]) -> tuple[list[dict], list[dict]]:
     by_name = {e.name: e for e in entities}
     one, two = [], []
     for e in entities:
-        for template, attr in _ONE_HOP[e.kind]:
+        for template, attr in ONE_HOP[e.kind]:
             if attr in e.attrs:
                 chain = [e.name] + ([e.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
                 one.append(_question(template.format(s=e.name), e.attrs[attr], 1, chain, [e.passage_id]))
-        for template, rel, attr in _TWO_HOP[e.kind]:
+        for template, rel, attr in TWO_HOP[e.kind]:
             mid = by_name.get(e.attrs.get(rel, ""))
             if mid is not None and attr in mid.attrs:
                 chain = [e.name, mid.name] + ([mid.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
@@ -258,12 +274,13 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
     """(entities, corpus rows, train questions, val questions), a pure function of cfg (not of cache_dir)."""
     rng = random.Random(f"toy-world-{cfg.seed}")
     n_val = max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
-    taken: set[str] = set()
-    entities = _make_side(rng, "train", cfg.n_entities - n_val, taken) + _make_side(rng, "val", n_val, taken)
+    pools, used = name_pools(rng, cfg.n_entities), set()
+    entities = make_side(rng, "train", cfg.n_entities - n_val, pools, used)
+    entities += make_side(rng, "val", n_val, pools, used)
     corpus = _corpus(rng, entities)
     splits = {}
     for side, n in (("train", cfg.n_train), ("val", cfg.n_val)):
-        one, two = _question_pool([e for e in entities if e.side == side])
+        one, two = question_pool([e for e in entities if e.side == side])
         splits[side] = _pick(rng, one, two, n, side)
     return entities, corpus, splits["train"], splits["val"]
 
@@ -340,10 +357,10 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
     """A small byte-level BPE tokenizer for the tiny policy, trained on the corpus, the questions and each
     protocol's prompt / tag / observation text, with the protocols' special tokens; cached; returns its dir.
 
-    The world's own names are swapped for other random names of the same syllable generator before training,
-    so no entity gets a token of its own: every name, train or val, is spelt with the same syllable pieces,
-    and a policy that learned to copy training names into queries can copy unseen validation names too.
+    Every word of every name is one token, with and without a leading space (the word pools are small and shared
+    by both sides, see `name_pools`): copying a held-out name is copying tokens seen in training. Checked here.
     """
+    from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.models import train_bpe_tokenizer
     from rsearch_verl.rollout.protocols import get_protocol
 
@@ -356,6 +373,8 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
         return out
     questions = world.questions("train") + world.questions("val")
     texts = list(world.passages().values()) + [q["question"] for q in questions]
+    words = sorted({w for e in world.entities for w in e.name.split()})
+    texts += [" ".join(words)] * 64 + ["\n".join(words)] * 64  # each word, spaced and not, merged to one token
     specials: list[str] = []
     for name in names:
         proto = get_protocol(name)
@@ -368,7 +387,10 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
             texts += ["".join(t for _, t in d["segments"]) for d in demonstrations(world, name, n=32, seed=0)]
         except ValueError as exc:  # demos only sharpen merges; the byte-level tokenizer still covers everything
             logger.warning("toy tokenizer: no demonstrations for %s (%s)", name, exc)
-    tok = train_bpe_tokenizer(_rename_entities(world, texts), vocab_size=vocab_size, extra_special=specials)
+    tok = train_bpe_tokenizer(texts, vocab_size=vocab_size, extra_special=specials)
+    split = [w for w in words if len(tok.tokenize(" " + w)) != 1 or len(tok.tokenize(w)) != 1]
+    if split:
+        raise ValueError(f"toy tokenizer: names split into pieces {split[:5]}; raise the vocabulary size")
     tmp = tempfile.mkdtemp(prefix=".tok-", dir=world.root)
     try:
         tok.save_pretrained(tmp)
@@ -376,171 +398,6 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("toy world: tokenizer with %d tokens for %s at %s", len(tok), names, out)
-    return out
-
-
-def _rename_entities(world: World, texts: list[str]) -> list[str]:
-    import re
-
-    words = sorted({w for e in world.entities for w in e.name.split()}, key=len, reverse=True)
-    rng = random.Random("toy-tokenizer")
-    pool = _name_words(rng, 4 * len(words), {w.lower() for w in words})
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b")
-    return [pattern.sub(lambda _: rng.choice(pool), text) for text in texts]
-
-
-# ----------------------------------------------------------------------------------------------- demonstrations
-
-# How the policy writes a thought, a search call and the final answer in each protocol (the papers' formats).
-# Every rendered demonstration is checked against the protocol's own parser, so a mismatch fails loudly.
-DEMO_FORMATS = {
-    "search_r1": ("<think> {t} </think>\n", "<search> {q} </search>", "<answer> {a} </answer>"),
-    "research": (
-        "<think> {t} </think>\n",
-        "<search> {q} </search>",
-        "<answer> The final answer is \\boxed{{{a}}} </answer>",
-    ),
-    "r1_searcher": ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>"),
-    "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
-    "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
-}
-_PHRASE = {
-    "birthplace": "the birthplace", "born": "the birth year", "profession": "the profession",
-    "colour": "the favourite colour", "mentor": "the mentor", "region": "the region",
-    "founded": "the founding year", "emblem": "the emblem animal",
-}  # fmt: skip
-
-
-def _run_sync(make_coro):
-    """Run a coroutine from sync code, also when the caller already runs an event loop (then in a thread)."""
-    import asyncio
-    import concurrent.futures
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make_coro())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make_coro())).result()
-
-
-def _fake_search(world: World, rng: random.Random):
-    """A SearchFn over the world's corpus that looks like the retriever: the passage of the entity named in the
-    query first, then random other passages."""
-    from rsearch_verl.rollout.protocols.base import Doc
-
-    passages = world.passages()
-    ids = sorted(passages)
-    by_name = {e.name.lower(): e.passage_id for e in world.entities}
-
-    async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
-        out = []
-        for query in queries:
-            hits = [pid for name, pid in by_name.items() if name in query.lower()][:1]
-            hits += [pid for pid in rng.sample(ids, min(len(ids), topk + 1)) if pid not in hits]
-            out.append([Doc(pid, passages[pid], score=1.0 - 0.1 * i) for i, pid in enumerate(hits[:topk])])
-        return out
-
-    return search
-
-
-def _guess(world: World, rng: random.Random, q: dict) -> str:
-    """A plausible but usually wrong answer of the right type (what a model answering from memory says)."""
-    answer = q["golden_answers"][0]
-    if answer.isdigit():
-        return str(int(answer) + rng.choice([-30, -7, -1, 1, 12, 45]))
-    for pool in (PROFESSIONS, COLOURS, ANIMALS):
-        if answer in pool:
-            return rng.choice(pool)
-    kind = world.by_name()[answer].kind
-    return rng.choice([e.name for e in world.entities if e.kind == kind and e.side == "train"])
-
-
-def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, str]]:
-    """One (search turn, observation) pair per hop, each searching the hop's entity by name."""
-    think, call, _ = fmt
-    attrs = _question_attrs(q)
-    segments: list[tuple[str, str]] = []
-    for hop in range(q["hops"]):
-        subject = q["entities"][hop]
-        if hop == 0:
-            thought = f"I need to find {_PHRASE[attrs[0]]} of {subject}."
-        else:
-            prev = q["entities"][hop - 1]
-            thought = (
-                f"{_PHRASE[attrs[0]].capitalize()} of {prev} is {subject}. Now I need {_PHRASE[attrs[1]]} of {subject}."
-            )
-        turn = think.format(t=thought) + call.format(q=subject)
-        action = proto.parse_turn(turn)
-        if action.kind != "search" or not action.queries:
-            raise ValueError(f"demonstrations: protocol {proto.name!r} does not parse the search turn {turn!r}")
-        obs = _run_sync(lambda a=action: proto.observe(a, search, topk))
-        segments += [("policy", turn), ("observation", obs)]
-    return segments
-
-
-def _question_attrs(q: dict) -> list[str]:
-    """The attribute asked at each hop, recovered from the world's templates."""
-    for kind in _ONE_HOP:
-        for template, attr in _ONE_HOP[kind]:
-            if q["hops"] == 1 and template.format(s=q["entities"][0]) == q["question"]:
-                return [attr]
-        for template, rel, attr in _TWO_HOP[kind]:
-            if q["hops"] == 2 and template.format(s=q["entities"][0]) == q["question"]:
-                return [rel, attr]
-    raise ValueError(f"demonstrations: {q['question']!r} matches no toy-world template")
-
-
-def _evidence(world: World, protocol_name: str, q: dict) -> str:
-    """R-Search writes the supporting passages' text, unmodified, as evidence before its answer (not masked)."""
-    if protocol_name != "r_search":
-        return ""
-    passages = world.passages()
-    text = " ".join(passages[pid].split("\n", 1)[1] for pid in q["support"])
-    return f"<original_evidence> {text} </original_evidence>\n"
-
-
-def demonstrations(
-    world: World, protocol_name: str, n: int, seed: int, p_no_search: float = 0.5, variant: str = "base", topk: int = 3
-) -> list[dict]:
-    """Synthetic, deliberately imperfect demonstrations on TRAIN questions for a warm-start SFT stage.
-
-    With probability `p_no_search` the demonstration answers at once from "memory" (a guess of the right type,
-    usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
-    retrieved-looking passages and answers correctly. Returns dicts {"prompt", "segments": [(role, text)],
-    "answer", "question", "searched"}; role is "policy" or "observation" (the latter is masked in SFT).
-    """
-    from rsearch_verl.rollout.protocols import get_protocol
-
-    if protocol_name not in DEMO_FORMATS:
-        raise ValueError(f"demonstrations: no demo format for {protocol_name!r} (known: {sorted(DEMO_FORMATS)})")
-    proto, fmt = get_protocol(protocol_name), DEMO_FORMATS[protocol_name]
-    rng = random.Random(f"demos-{seed}-{protocol_name}")
-    search = _fake_search(world, rng)
-    questions = world.questions("train")
-    out = []
-    for _ in range(n):
-        q = rng.choice(questions)
-        searched = rng.random() >= p_no_search
-        if searched:
-            segments = _search_segments(proto, fmt, q, search, topk)
-            answer = q["golden_answers"][0]
-            final = (
-                fmt[0].format(t=f"The answer is {answer}.")
-                + _evidence(world, protocol_name, q)
-                + fmt[2].format(a=answer)
-            )
-        else:
-            segments, answer = [], _guess(world, rng, q)
-            final = fmt[0].format(t="I think I know this without searching.") + fmt[2].format(a=answer)
-        segments.append(("policy", final))
-        got = proto.extract_answer("".join(t for role, t in segments if role == "policy"))
-        if got is None or got.strip() != answer:
-            raise ValueError(f"demonstrations: protocol {protocol_name!r} extracts {got!r}, wanted {answer!r}")
-        prompt = proto.build_prompt(q["question"], variant)
-        out.append(
-            {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched}
-        )
     return out
 
 

@@ -11,6 +11,8 @@ import pytest
 from rsearch_verl.config import ToyWorldConfig
 from rsearch_verl.data.toy_world import COLOURS, PROFESSIONS, build_toy_world, generate, world_hash
 
+KINDS = ("person", "city", "region")
+
 
 def _files(world) -> dict[str, bytes]:
     out = {}
@@ -38,23 +40,31 @@ def test_deterministic_for_a_seed(tmp_path):
 
 
 def test_default_sizes(world):
-    assert len(world.entities) == 60
-    assert len(world.questions("train")) == 256 and len(world.questions("val")) == 64
+    assert len(world.entities) == 320
+    assert len(world.questions("train")) == 512 and len(world.questions("val")) == 64
     for split in ("train", "val"):
         qs = world.questions(split)
         assert len({q["id"] for q in qs}) == len(qs)
         assert {q["data_source"] for q in qs} == {"toy_world_1hop", "toy_world_2hop"}
-        assert sum(q["hops"] == 2 for q in qs) == len(qs) // 2
+        two = sum(q["hops"] == 2 for q in qs)
+        assert two == len(qs) // 2 if split == "val" else len(qs) // 3 <= two <= len(qs) // 2
         assert len({q["question"] for q in qs}) == len(qs)
 
 
-def test_names_are_made_up_and_unique(world):
+def test_names_are_made_up_unique_and_spelt_from_shared_words(world):
     names = [e.name for e in world.entities]
     assert len(set(names)) == len(names)
-    words = [w for n in names for w in n.split()]
-    assert len(set(words)) == len(words)  # no shared first / last names across entities
+    assert all(len(n.split()) == 2 for n in names)
+    words = {kind: {w for e in world.entities if e.kind == kind for w in e.name.split()} for kind in KINDS}
+    for a in KINDS:  # a word says what kind of thing it names
+        assert all(not words[a] & words[b] for b in KINDS if b != a)
     common = set(PROFESSIONS) | set(COLOURS) | {"the", "city", "region", "mentor"}
-    assert not {w.lower() for w in words} & common
+    assert not {w.lower() for ws in words.values() for w in ws} & common
+    # every word of a held-out name also names training entities: the policy copies, it never has to invent
+    for kind in KINDS:
+        train = {w for e in world.entities if e.kind == kind and e.side == "train" for w in e.name.split()}
+        val = {w for e in world.entities if e.kind == kind and e.side == "val" for w in e.name.split()}
+        assert val <= train, (kind, val - train)
 
 
 def test_val_entities_never_in_train_questions(world):
@@ -69,7 +79,7 @@ def test_val_entities_never_in_train_questions(world):
 
 def test_every_answer_is_in_the_hop_passages(world):
     passages = world.passages()
-    assert len(passages) == 60
+    assert len(passages) == 320
     for q in world.questions("train") + world.questions("val"):
         chain = [passages[pid] for pid in q["support"]]
         assert len(chain) == q["hops"]
@@ -113,28 +123,30 @@ DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag"]
 
 @pytest.mark.parametrize("protocol", DEMO_PROTOCOLS)
 def test_demonstrations_follow_the_protocol(world, protocol):
-    from rsearch_verl.data.toy_world import demonstrations
+    from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.rollout.protocols import get_protocol
 
     proto = get_protocol(protocol)
     demos = demonstrations(world, protocol, n=40, seed=1, p_no_search=0.5)
     assert demos == demonstrations(world, protocol, n=40, seed=1, p_no_search=0.5)
-    train = {q["question"]: q for q in world.questions("train")}
+    val_names = [e.name for e in world.entities if e.side == "val"]
     searched = [d for d in demos if d["searched"]]
     assert 8 <= len(searched) <= 32
+    assert len({d["question"] for d in demos}) >= 36  # practice facts, hardly ever repeated: nothing to memorise
     for d in demos:
-        q = train[d["question"]]  # only training questions are demonstrated
-        assert d["prompt"] == proto.build_prompt(q["question"], "base")
+        text = d["prompt"] + "".join(t for _, t in d["segments"])
+        assert not [n for n in val_names if _mentions(text, n)]  # a held-out entity is never demonstrated
+        assert d["prompt"] == proto.build_prompt(d["question"], "base")
         roles = [role for role, _ in d["segments"]]
         assert roles[-1] == "policy" and set(roles) <= {"policy", "observation"}
         assert all(a != b for a, b in zip(roles, roles[1:], strict=False))  # policy and observation alternate
         text = "".join(t for _, t in d["segments"])
         assert proto.extract_answer(text).strip() == d["answer"]
         if d["searched"]:
-            assert d["answer"] == q["golden_answers"][0]
             observations = [t for role, t in d["segments"] if role == "observation"]
-            assert len(observations) == q["hops"]
-            assert q["golden_answers"][0] in observations[-1]  # the retrieved passage really holds the answer
+            two_hop = "the birthplace of" in d["question"] or " where " in d["question"]
+            assert len(observations) == (2 if two_hop else 1)
+            assert _mentions(observations[-1], d["answer"])  # the retrieved passage really holds the answer
             for obs in observations:
                 assert obs.strip().startswith(proto.observation_open)
         else:
@@ -143,7 +155,7 @@ def test_demonstrations_follow_the_protocol(world, protocol):
     assert not any(d["searched"] for d in demonstrations(world, protocol, n=10, seed=2, p_no_search=1.0))
 
 
-def test_toy_tokenizer_is_cached_and_spells_names_in_pieces(world):
+def test_toy_tokenizer_is_cached_and_gives_each_name_word_one_token(world):
     from rsearch_verl.config import ModelConfig
     from rsearch_verl.data.toy_world import toy_tokenizer
     from rsearch_verl.models import load_tokenizer
@@ -157,10 +169,11 @@ def test_toy_tokenizer_is_cached_and_spells_names_in_pieces(world):
     assert 500 < len(tok) <= 4096
     for special in get_protocol("r1_searcher").special_tokens:
         assert tok.tokenize(special) == [special]
-    # no entity has a token of its own, so validation names are spelt with pieces training names use too
+    # every word of every name is one token, after a space (in text) and after a quote (in titles)
     for e in world.entities:
         for word in e.name.split():
-            assert len(tok.tokenize(" " + word)) >= 2, word
+            assert len(tok.tokenize(" " + word)) == 1 and len(tok.tokenize(word)) == 1, word
+        assert len(tok.tokenize(f'(Title: "{e.name}")')) == len(tok.tokenize('(Title: "")')) + 2
     text = world.passages()[world.entities[-1].passage_id] + " <search> Vrasor </search> 1843 ¿ü"
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
 

@@ -1,0 +1,230 @@
+"""Synthetic, deliberately imperfect demonstrations of the toy world, for the warm-start SFT stage.
+
+Demonstrations are written on *practice* sub-worlds (`practice_sides`): drawn like the toy world's train side, from
+the same name words, but with new name combinations and new facts, and never a validation entity. A fact is
+demonstrated about once, so a policy cannot lower its SFT loss by memorising question -> answer: it has to copy
+names from the question into its search and the answer out of the retrieved passage, which is what transfers to
+held-out entities. Each demonstration follows a protocol's own format (checked with the protocol's parser).
+
+Usage:
+    from rsearch_verl.data.toy_demos import demonstrations
+    demos = demonstrations(world, "search_r1", n=1024, seed=0, p_no_search=0.5, topk=1)
+    # [{"prompt", "segments": [(role, text), ...], "answer", "question", "searched"}, ...]
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from rsearch_verl.data.toy_world import (
+    ANIMALS,
+    COLOURS,
+    ONE_HOP,
+    PROFESSIONS,
+    TWO_HOP,
+    TWO_HOP_SHARE,
+    Entity,
+    World,
+    make_side,
+    name_pools,
+    passage_text,
+    question_pool,
+)
+
+# How the policy writes a thought, a search call and the final answer in each protocol (the papers' formats).
+# Every rendered demonstration is checked against the protocol's own parser, so a mismatch fails loudly.
+DEMO_FORMATS = {
+    "search_r1": ("<think> {t} </think>\n", "<search> {q} </search>", "<answer> {a} </answer>"),
+    "research": (
+        "<think> {t} </think>\n",
+        "<search> {q} </search>",
+        "<answer> The final answer is \\boxed{{{a}}} </answer>",
+    ),
+    "r1_searcher": ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>"),
+    "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
+    "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
+}
+_PHRASE = {
+    "birthplace": "the birthplace", "born": "the birth year", "profession": "the profession",
+    "colour": "the favourite colour", "mentor": "the mentor", "region": "the region",
+    "founded": "the founding year", "emblem": "the emblem animal",
+}  # fmt: skip
+
+
+def _run_sync(make_coro):
+    """Run a coroutine from sync code, also when the caller already runs an event loop (then in a thread)."""
+    import asyncio
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def _fake_search(passages: dict[str, str], entities: list[Entity], rng: random.Random):
+    """A SearchFn over `passages` that looks like the retriever: the passage of the entity named in the query
+    first, then random other passages."""
+    from rsearch_verl.rollout.protocols.base import Doc
+
+    ids = sorted(passages)
+    by_name = {e.name.lower(): e.passage_id for e in entities}
+
+    async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
+        out = []
+        for query in queries:
+            hits = [pid for name, pid in by_name.items() if name in query.lower()][:1]
+            hits += [pid for pid in rng.sample(ids, min(len(ids), topk + 1)) if pid not in hits]
+            out.append([Doc(pid, passages[pid], score=1.0 - 0.1 * i) for i, pid in enumerate(hits[:topk])])
+        return out
+
+    return search
+
+
+def _guess(entities: list[Entity], rng: random.Random, q: dict) -> str:
+    """A plausible but usually wrong answer of the right type (what a model answering from memory says)."""
+    answer = q["golden_answers"][0]
+    if answer.isdigit():
+        return str(int(answer) + rng.choice([-30, -7, -1, 1, 12, 45]))
+    for pool in (PROFESSIONS, COLOURS, ANIMALS):
+        if answer in pool:
+            return rng.choice(pool)
+    kind = next(e.kind for e in entities if e.name == answer)
+    return rng.choice([e.name for e in entities if e.kind == kind])
+
+
+def _plan(q: dict) -> str:
+    """The first thought names everything the question asks, so later decisions (one more hop? which value?) can
+    be read off the policy's own recent text."""
+    attrs, subject = _question_attrs(q), q["entities"][0]
+    if q["hops"] == 1:
+        return f"I need {_PHRASE[attrs[0]]} of {subject}."
+    return f"I need {_PHRASE[attrs[1]]} of {_PHRASE[attrs[0]]} of {subject}."
+
+
+def _final_thought(q: dict) -> str:
+    """Restates the passage's fact, so the answer is copied from a sentence that names what it is."""
+    attr, subject = _question_attrs(q)[-1], q["entities"][q["hops"] - 1]
+    return f"{_PHRASE[attr].capitalize()} of {subject} is {q['golden_answers'][0]}."
+
+
+def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, str]]:
+    """One (search turn, observation) pair per hop, each searching the hop's entity by name."""
+    think, call, _ = fmt
+    attrs = _question_attrs(q)
+    segments: list[tuple[str, str]] = []
+    for hop in range(q["hops"]):
+        subject = q["entities"][hop]
+        if hop == 0:
+            thought = _plan(q)
+        else:
+            prev = q["entities"][hop - 1]
+            thought = (
+                f"{_PHRASE[attrs[0]].capitalize()} of {prev} is {subject}. Now I need {_PHRASE[attrs[1]]} of {subject}."
+            )
+        turn = think.format(t=thought) + call.format(q=subject)
+        action = proto.parse_turn(turn)
+        if action.kind != "search" or not action.queries:
+            raise ValueError(f"demonstrations: protocol {proto.name!r} does not parse the search turn {turn!r}")
+        obs = _run_sync(lambda a=action: proto.observe(a, search, topk))
+        segments += [("policy", turn), ("observation", obs)]
+    return segments
+
+
+def _question_attrs(q: dict) -> list[str]:
+    """The attribute asked at each hop, recovered from the world's templates."""
+    for kind in ONE_HOP:
+        for template, attr in ONE_HOP[kind]:
+            if q["hops"] == 1 and template.format(s=q["entities"][0]) == q["question"]:
+                return [attr]
+        for template, rel, attr in TWO_HOP[kind]:
+            if q["hops"] == 2 and template.format(s=q["entities"][0]) == q["question"]:
+                return [rel, attr]
+    raise ValueError(f"demonstrations: {q['question']!r} matches no toy-world template")
+
+
+def _evidence(passages: dict[str, str], protocol_name: str, q: dict) -> str:
+    """R-Search writes the supporting passages' text, unmodified, as evidence before its answer (not masked)."""
+    if protocol_name != "r_search":
+        return ""
+    text = " ".join(passages[pid].split("\n", 1)[1] for pid in q["support"])
+    return f"<original_evidence> {text} </original_evidence>\n"
+
+
+@dataclass
+class PracticeSide:
+    """A fresh train-like sub-world for demonstrations: same name words, new combinations and facts."""
+
+    entities: list[Entity]
+    passages: dict[str, str]
+    one_hop: list[dict]
+    two_hop: list[dict]
+
+
+def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
+    """`n_sides` sub-worlds drawn like the train side (the world's own name pools; no val name ever used), each
+    with new relations and attribute values. Demonstrations come from these, not from the train questions: a fact
+    is demonstrated about once, so the warm start cannot lower its loss by memorising question -> answer and has
+    to learn to copy the answer out of the retrieved passage, which is what transfers to held-out entities."""
+    cfg = world.cfg
+    pools = name_pools(random.Random(f"toy-world-{cfg.seed}"), cfg.n_entities)  # generate()'s first draws
+    val_names = {e.name for e in world.entities if e.side == "val"}
+    n_side = sum(e.side == "train" for e in world.entities)
+    sides = []
+    for k in range(n_sides):
+        rng = random.Random(f"practice-{seed}-{k}")
+        entities = make_side(rng, "train", n_side, pools, set(val_names))
+        for i, e in enumerate(entities):
+            e.passage_id = f"practice-{k}-{i:04d}"
+        one, two = question_pool(entities)
+        passages = {e.passage_id: passage_text(e) for e in entities}
+        sides.append(PracticeSide(entities, passages, one, two))
+    return sides
+
+
+def demonstrations(
+    world: World, protocol_name: str, n: int, seed: int, p_no_search: float = 0.5, variant: str = "base", topk: int = 3
+) -> list[dict]:
+    """Synthetic, deliberately imperfect demonstrations for a warm-start SFT stage, on practice sub-worlds
+    (`practice_sides`: train-like entities, never a val one), half of them 2-hop.
+
+    With probability `p_no_search` the demonstration answers at once from "memory" (a guess of the right type,
+    usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
+    retrieved-looking passages and answers correctly. Returns dicts {"prompt", "segments": [(role, text)],
+    "answer", "question", "searched"}; role is "policy" or "observation" (the latter is masked in SFT).
+    """
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    if protocol_name not in DEMO_FORMATS:
+        raise ValueError(f"demonstrations: no demo format for {protocol_name!r} (known: {sorted(DEMO_FORMATS)})")
+    proto, fmt = get_protocol(protocol_name), DEMO_FORMATS[protocol_name]
+    rng = random.Random(f"demos-{seed}-{protocol_name}")
+    sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
+    searches = [_fake_search(side.passages, side.entities, rng) for side in sides]
+    out = []
+    for _ in range(n):
+        k = rng.randrange(len(sides))
+        side = sides[k]
+        q = rng.choice(side.two_hop if side.two_hop and rng.random() < TWO_HOP_SHARE else side.one_hop)
+        searched = rng.random() >= p_no_search
+        if searched:
+            segments = _search_segments(proto, fmt, q, searches[k], topk)
+            answer = q["golden_answers"][0]
+            final = fmt[0].format(t=_final_thought(q)) + _evidence(side.passages, protocol_name, q)
+            final += fmt[2].format(a=answer)
+        else:
+            segments, answer = [], _guess(side.entities, rng, q)
+            final = fmt[0].format(t="I think I know this without searching.") + fmt[2].format(a=answer)
+        segments.append(("policy", final))
+        got = proto.extract_answer("".join(t for role, t in segments if role == "policy"))
+        if got is None or got.strip() != answer:
+            raise ValueError(f"demonstrations: protocol {protocol_name!r} extracts {got!r}, wanted {answer!r}")
+        prompt = proto.build_prompt(q["question"], variant)
+        out.append(
+            {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched}
+        )
+    return out
