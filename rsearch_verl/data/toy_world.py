@@ -134,13 +134,14 @@ def name_pools(rng: random.Random, n_entities: int) -> dict[str, tuple[list[str]
 
 
 def _names(rng: random.Random, kind: str, n: int, pools: dict, used: set[str]) -> list[str]:
-    """`n` unused names of `kind`. Once the train side has names, only words it already uses are combined, so
-    every word of a val name also occurs in train names (the val name itself never does)."""
+    """`n` unused names of `kind`. Once the train side has names, only words it already uses are combined (when
+    there are enough such combinations), so every word of a val name also occurs in train names."""
     first, second = pools[kind]
     seen = {w for name in used for w in name.split()}
     free = [f"{a} {b}" for a in first for b in second if f"{a} {b}" not in used]
-    if used:
-        free = [c for c in free if set(c.split()) <= seen] or free
+    known = [c for c in free if set(c.split()) <= seen]
+    if used and len(known) >= n:
+        free = known
     if len(free) < n:
         raise ValueError(f"toy_world: not enough {kind} names; lower toy_world.n_entities")
     picked = rng.sample(free, n)

@@ -106,8 +106,10 @@ def test_two_ranks_equal_one_rank(ray_cluster):
     init = _initial_state(cfg1)
     changed = max(float((s1[k] - init[k]).abs().max()) for k in s1)
     assert changed > 1e-4, "the update did not move the parameters"
+    # An Adam step moves each weight by ~lr = 1e-2; 5e-5 leaves room for summation-order rounding through Adam's
+    # normalisation (measured: 1 of 65536 weights of the 3-layer tiny model off by 2.1e-5), none for a sharding bug.
     for k in s1:
-        torch.testing.assert_close(s1[k], s2[k], rtol=1e-4, atol=1e-5, msg=f"parameter {k} differs")
+        torch.testing.assert_close(s1[k], s2[k], rtol=1e-4, atol=5e-5, msg=lambda m, k=k: f"parameter {k} differs: {m}")
 
 
 def _initial_state(cfg):
