@@ -41,9 +41,8 @@ class ServerConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        positive = ["max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max"]
-        positive.append("workers")
-        for name in positive:
+        positive = ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max")
+        for name in (*positive, "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.default_topk > self.max_topk:
