@@ -9,7 +9,8 @@ birthplace of Kiro Baz located?": search the person, read the city, search the c
 
 The entities are partitioned into two disconnected sub-worlds, train and val, and every question (its subject,
 the entities on its hop chain and its answer) comes from one side only: validation answers cannot be memorised
-from training questions, only found in the corpus. Attribute values (colours, professions, years) are shared.
+from training questions, only found in the corpus. Attribute values (colours, professions, years) and name words
+are shared; full names never are.
 
 Files, cached under `cfg.cache_dir/<hash of the ToyWorldConfig>/` (built in a temp dir and renamed, so a half
 written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"id", "question",
@@ -21,7 +22,7 @@ Usage:
     tok_dir = toy_tokenizer(world, ["search_r1"])      # small BPE tokenizer dir for the tiny Qwen2 policy
     demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/data/toy_demos.py: SFT demos
 CLI (build or find the cached world, print its paths and a few questions):
-    python -m rsearch_verl.data.toy_world --seed 0 --n-entities 60 [--cache-dir DIR] [--tokenizer search_r1]
+    python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--tokenizer search_r1]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 # Bump when the generator changes, so cached worlds built by older code are not reused.
 GENERATOR_VERSION = 2
-VAL_ENTITY_SHARE = 0.3  # of the entities; questions per entity are ~12 for people, so 30 % covers n_val=64
+VAL_ENTITY_SHARE = 0.3  # of the entities; ~4 questions per person, so 30 % of 320 covers n_val=64 (half 2-hop)
 TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
 TOKENIZER_VOCAB = 3072
 
