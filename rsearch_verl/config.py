@@ -90,7 +90,7 @@ class RolloutConfig:
     protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
     prompt_variant: str = "base"  # 'base' | 'instruct'
     n: int = 1  # samples per prompt (GRPO group size)
-    temperature: float = 1.0
+    temperature: float = 1.0  # > 0; actor and reference log-probs are taken at logits / temperature too
     top_p: float = 1.0
     top_k: int = -1
     max_turns: int = 4  # generation turns (searches + final answer)
@@ -296,6 +296,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
         )
     _check(n_traj % cfg.world_size == 0, "data.train_batch_size", f"{n_traj} trajectories vs {cfg.world_size} workers")
     _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+    _check(cfg.rollout.temperature > 0, "rollout.temperature", "training samples must be > 0 (greedy is val only)")
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
     if cfg.trainer.device == "cuda":
         _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")

@@ -70,6 +70,7 @@ class Trainer:
             with timed(timing, "gen"):
                 batch = wg.rollout.generate_sequences(batch)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
+            batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):
                 batch, reward_metrics = phases.reward_phase(batch, cfg)

@@ -31,10 +31,17 @@ def _model_inputs(data: DataProto, device: torch.device) -> dict[str, torch.Tens
 def response_log_probs(
     model: torch.nn.Module, data: DataProto, device: torch.device, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(response token) [b, R] (float32) and optionally the entropy of each position's distribution."""
+    """log p(response token) [b, R] (float32) and optionally the entropy of each position's distribution, under
+    the distribution the rollout sampled from: logits / `meta_info["temperature"]` (as verl's actor does; 1 when
+    absent), so old, new and reference log-probs and the engine's own all describe the same policy."""
     resp_len = data.batch["responses"].shape[1]
     out = model(**_model_inputs(data, device), use_cache=False)
     logits = out.logits[:, -resp_len - 1 : -1, :].float()
+    temperature = float(data.meta_info.get("temperature", 1.0))
+    if temperature <= 0:
+        raise ValueError(f"response_log_probs: temperature must be > 0 for training, got {temperature}")
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = data.batch["responses"].to(device)
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = _entropy(logits) if with_entropy else None

@@ -18,13 +18,13 @@ def test_split_placement_two_ranks(tmp_path, toy_cache):
         "trainer.ray_num_cpus=4",  # 2 actor + 2 rollout bundles (logical CPUs; the machine may have 2 cores)
         "actor.entropy_coeff=0.01",
         "model.actor_lr=1e-3",  # big enough that stale rollout weights would show in the log-prob gap
-        "rollout.temperature=1.0",
+        "rollout.temperature=0.7",  # the actor's log-probs are taken at the same temperature
         "rollout.top_p=1.0",
     )
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[2]["actor/grad_norm"] > 0
-    # step 2 samples with the weights synced after step 1's update: engine and actor log-probs agree
+    # step 2 samples with the weights synced after step 1's update: engine and actor log-probs agree (both at T=0.7)
     assert rows[2]["rollout/logprob_abs_diff_max"] < 1e-3, rows[2]
     weights = hf_weights(str(run_dir / "checkpoints" / "step_000002"))
     assert weights and all(v.isfinite().all() for v in weights.values())
