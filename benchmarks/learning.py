@@ -3,12 +3,22 @@
 and reading its metrics.jsonl: validation before the first update (= the warm start) and at the end.
 
 Variants (same seed, data and warm start): PPO (search_r1_ppo) with observation masking, PPO without masking
-(`actor.mask_observations=false`, Search-R1's ablation), GRPO (search_r1_grpo, rollout.n=4) with masking.
+(`actor.mask_observations=false`, Search-R1's ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts: the same
+16 trajectories per step as PPO's 16 prompts) with masking.
 Columns: EM on all held-out questions and on the 2-hop ones, searches per question, before -> after.
 Prints a table; the last line is the headline: the EM gain of PPO with masking (target >= 0.25 absolute).
 
     .venv/bin/python benchmarks/learning.py                       # total_steps of the trainer group (cpu: 20)
-    .venv/bin/python benchmarks/learning.py --steps 40 --only ppo --extra data.val_max_samples=64
+    .venv/bin/python benchmarks/learning.py --steps 40 --only ppo --extra data.toy_world.cache_dir=/tmp/tw
+
+Measured (2 CPU cores, toy world v3 defaults: 64 held-out questions, half 2-hop; 20 steps of 16 trajectories; one
+seed; the first variant's wall time includes building the world and the warm start, ~9 min):
+    variant                val EM         2-hop EM       searches/q   wall s
+    ppo            0.016 -> 1.000   0.000 -> 1.000   0.000 -> 1.500      675
+    ppo_nomask     0.016 -> 0.891   0.000 -> 0.969   0.000 -> 1.438      142
+    grpo           0.016 -> 0.984   0.000 -> 0.969   0.000 -> 1.500      118
+    masking: EM after RL 1.000 with vs 0.891 without
+    headline: RL EM gain over the warm start +0.984 (target >= +0.25)
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "ppo": ["+recipe=search_r1_ppo"],
     "ppo_nomask": ["+recipe=search_r1_ppo", "actor.mask_observations=false"],
-    "grpo": ["+recipe=search_r1_grpo", "rollout.n=4"],
+    # the same 16 trajectories per step as PPO's 16 prompts x 1
+    "grpo": ["+recipe=search_r1_grpo", "rollout.n=4", "data.train_batch_size=4"],
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 
@@ -67,6 +78,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         b, a = r["before"], r["after"]
         row = [_cell(b, a, "val/em"), _cell(b, a, "val/toy_world_2hop/em"), _cell(b, a, "val/searches_mean")]
         print(f"{name:<12} {row[0]:>16} {row[1]:>16} {row[2]:>16} {r['wall_s']:>8.0f}")  # noqa: T201
+    if "ppo" in results and "ppo_nomask" in results:
+        em = {k: results[k]["after"]["val/em"] for k in ("ppo", "ppo_nomask")}
+        print(f"masking: EM after RL {em['ppo']:.3f} with vs {em['ppo_nomask']:.3f} without")  # noqa: T201
     head = results.get("ppo") or next(iter(results.values()))
     gain = head["after"]["val/em"] - head["before"]["val/em"]
     print(f"headline: RL EM gain over the warm start {gain:+.3f} (target >= +0.25)")  # noqa: T201

@@ -22,14 +22,17 @@ from rsearch_verl.data.toy_world import (
     ANIMALS,
     COLOURS,
     ONE_HOP,
+    PHRASE,
     PROFESSIONS,
     TWO_HOP,
     TWO_HOP_SHARE,
     Entity,
     World,
+    corpus_rows,
+    fact_key,
+    fact_sentence,
     make_side,
     name_pools,
-    passage_text,
     question_pool,
 )
 
@@ -46,11 +49,6 @@ DEMO_FORMATS = {
     "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
     "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
 }
-_PHRASE = {
-    "birthplace": "the birthplace", "born": "the birth year", "profession": "the profession",
-    "colour": "the favourite colour", "mentor": "the mentor", "region": "the region",
-    "founded": "the founding year", "emblem": "the emblem animal",
-}  # fmt: skip
 
 
 def _run_sync(make_coro):
@@ -67,17 +65,17 @@ def _run_sync(make_coro):
 
 
 def _fake_search(passages: dict[str, str], entities: list[Entity], rng: random.Random):
-    """A SearchFn over `passages` that looks like the retriever: the passage of the entity named in the query
-    first, then random other passages."""
+    """A SearchFn over `passages` that looks like the retriever: the fact whose key ("the region of Tul Vex") is
+    the query first, then random other passages."""
     from rsearch_verl.rollout.protocols.base import Doc
 
     ids = sorted(passages)
-    by_name = {e.name.lower(): e.passage_id for e in entities}
+    by_key = {fact_key(attr, e.name).lower(): pid for e in entities for attr, pid in e.passage_ids.items()}
 
     async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
         out = []
         for query in queries:
-            hits = [pid for name, pid in by_name.items() if name in query.lower()][:1]
+            hits = [by_key[query.lower().strip()]] if query.lower().strip() in by_key else []
             hits += [pid for pid in rng.sample(ids, min(len(ids), topk + 1)) if pid not in hits]
             out.append([Doc(pid, passages[pid], score=1.0 - 0.1 * i) for i, pid in enumerate(hits[:topk])])
         return out
@@ -98,35 +96,32 @@ def _guess(entities: list[Entity], rng: random.Random, q: dict) -> str:
 
 
 def _plan(q: dict) -> str:
-    """The first thought names everything the question asks, so later decisions (one more hop? which value?) can
-    be read off the policy's own recent text."""
-    attrs, subject = _question_attrs(q), q["entities"][0]
+    """The first thought names the fact to search first and, for 2 hops, the one after it ("Next, the region of
+    it."), so later decisions (one more hop? which fact?) are copies of the policy's own earlier text."""
+    attrs, subject = question_attrs(q), q["entities"][0]
     if q["hops"] == 1:
-        return f"I need {_PHRASE[attrs[0]]} of {subject}."
-    return f"I need {_PHRASE[attrs[1]]} of {_PHRASE[attrs[0]]} of {subject}."
+        return f"I need {fact_key(attrs[0], subject)}."
+    return f"I need {fact_key(attrs[0], subject)}. Next, {PHRASE[attrs[1]]} of it."
 
 
 def _final_thought(q: dict) -> str:
-    """Restates the passage's fact, so the answer is copied from a sentence that names what it is."""
-    attr, subject = _question_attrs(q)[-1], q["entities"][q["hops"] - 1]
-    return f"{_PHRASE[attr].capitalize()} of {subject} is {q['golden_answers'][0]}."
+    """Restates the retrieved fact, so the answer is copied from a sentence that names what it is."""
+    attr, subject = question_attrs(q)[-1], q["entities"][q["hops"] - 1]
+    return fact_sentence(attr, subject, q["golden_answers"][0])
 
 
 def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, str]]:
-    """One (search turn, observation) pair per hop, each searching the hop's entity by name."""
+    """One (search turn, observation) pair per hop, each searching the hop's fact by its key."""
     think, call, _ = fmt
-    attrs = _question_attrs(q)
+    attrs = question_attrs(q)
     segments: list[tuple[str, str]] = []
     for hop in range(q["hops"]):
         subject = q["entities"][hop]
         if hop == 0:
             thought = _plan(q)
         else:
-            prev = q["entities"][hop - 1]
-            thought = (
-                f"{_PHRASE[attrs[0]].capitalize()} of {prev} is {subject}. Now I need {_PHRASE[attrs[1]]} of {subject}."
-            )
-        turn = think.format(t=thought) + call.format(q=subject)
+            thought = f"{fact_sentence(attrs[0], q['entities'][0], subject)} Next, {fact_key(attrs[1], subject)}."
+        turn = think.format(t=thought) + call.format(q=fact_key(attrs[hop], subject))
         action = proto.parse_turn(turn)
         if action.kind != "search" or not action.queries:
             raise ValueError(f"demonstrations: protocol {proto.name!r} does not parse the search turn {turn!r}")
@@ -135,7 +130,7 @@ def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, 
     return segments
 
 
-def _question_attrs(q: dict) -> list[str]:
+def question_attrs(q: dict) -> list[str]:
     """The attribute asked at each hop, recovered from the world's templates."""
     for kind in ONE_HOP:
         for template, attr in ONE_HOP[kind]:
@@ -178,10 +173,8 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
     for k in range(n_sides):
         rng = random.Random(f"practice-{seed}-{k}")
         entities = make_side(rng, "train", n_side, pools, set(val_names))
-        for i, e in enumerate(entities):
-            e.passage_id = f"practice-{k}-{i:04d}"
+        passages = {row["id"]: row["contents"] for row in corpus_rows(rng, entities, f"practice-{k}")}
         one, two = question_pool(entities)
-        passages = {e.passage_id: passage_text(e) for e in entities}
         sides.append(PracticeSide(entities, passages, one, two))
     return sides
 

@@ -3,9 +3,12 @@
 People, cities and regions get made-up two-word names (never real words; each word comes from a pool of its kind,
 so "Kiro Baz" is a person and "Tul Vex" a city); people have a birthplace, a birth year, a profession, a favourite
 colour and usually a mentor; cities lie in a region and have a founding year; regions have an emblem animal. Each
-entity becomes one short passage of the corpus (`{"id", "contents": "\"Title\"\ntext"}`, the FlashRAG / Search-R1
-format). Questions need 1 hop ("What is the profession of Kiro Baz?") or 2 hops ("In which region is the
-birthplace of Kiro Baz located?": search the person, read the city, search the city, read the region).
+fact becomes one short passage of the corpus, titled by its entity (`{"id", "contents": "\"Kiro Baz\"\nThe
+profession of Kiro Baz is weaver."}`, the FlashRAG / Search-R1 format), so a search for "the profession of Kiro
+Baz" returns exactly the fact. Questions need 1 hop ("What is the profession of Kiro Baz?") or 2 hops ("In which
+region is the birthplace of Kiro Baz located?": search the person's birthplace, read the city, search the city's
+region, read the region). One fact per passage keeps the reading easy for a 3-layer policy: with one passage per
+entity (generator v2) the warm start restated the wrong attribute of the passage most of the time.
 
 The entities are partitioned into two disconnected sub-worlds, train and val, and every question (its subject,
 the entities on its hop chain and its answer) comes from one side only: validation answers cannot be memorised
@@ -43,7 +46,7 @@ from rsearch_verl.config import ToyWorldConfig
 logger = logging.getLogger(__name__)
 
 # Bump when the generator changes, so cached worlds built by older code are not reused.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 VAL_ENTITY_SHARE = 0.3  # of the entities; ~4 questions per person, so 30 % of 320 covers n_val=64 (half 2-hop)
 TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
 TOKENIZER_VOCAB = 3072
@@ -68,7 +71,7 @@ class Entity:
     kind: str  # "person" | "city" | "region"
     side: str  # "train" | "val"
     attrs: dict[str, str] = field(default_factory=dict)  # values are strings; relations hold entity names
-    passage_id: str = ""
+    passage_ids: dict[str, str] = field(default_factory=dict)  # attribute -> id of the passage stating it
 
 
 @dataclass
@@ -178,35 +181,41 @@ def make_side(rng: random.Random, side: str, n: int, pools: dict, used: set[str]
     return regions + cities + people
 
 
-def _article(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
+# How a fact names its attribute; passages, search queries and thoughts all use these phrases.
+PHRASE = {
+    "birthplace": "the birthplace", "born": "the birth year", "profession": "the profession",
+    "colour": "the favourite colour", "mentor": "the mentor", "region": "the region",
+    "founded": "the founding year", "emblem": "the emblem animal",
+}  # fmt: skip
 
 
-def passage_text(e: Entity) -> str:
-    """One short passage per entity: each kind of value it holds (city, region, profession, colour, animal)
-    appears once, so the passage answers every question about its entity without ambiguity."""
-    a = e.attrs
-    if e.kind == "person":
-        text = (
-            f"{e.name} is {_article(a['profession'])} {a['profession']} "
-            f"who was born in {a['birthplace']} in {a['born']}. "
-            f"The favourite colour of {e.name} is {a['colour']}."
-        )
-        if "mentor" in a:
-            text += f" {e.name} was trained by the mentor {a['mentor']}."
-    elif e.kind == "city":
-        text = f"{e.name} is a city in the region of {a['region']}. It was founded in {a['founded']}."
-    else:
-        text = f"{e.name} is a region whose emblem shows {_article(a['emblem'])} {a['emblem']}."
-    return f'"{e.name}"\n{text}'
+def fact_key(attr: str, name: str) -> str:
+    """What one searches for to find a fact: "the birthplace of Kiro Baz"."""
+    return f"{PHRASE[attr]} of {name}"
 
 
-def _corpus(rng: random.Random, entities: list[Entity]) -> list[dict]:
-    order = list(range(len(entities)))
-    rng.shuffle(order)  # passage ids must not reveal the side or the kind
-    for pid, i in enumerate(order):
-        entities[i].passage_id = f"tw-{pid:04d}"
-    return [{"id": entities[i].passage_id, "contents": passage_text(entities[i])} for i in order]
+def fact_passages(e: Entity) -> dict[str, str]:
+    """attribute -> passage contents, one short passage per fact, titled by the entity:
+    '"Kiro Baz"\nThe birthplace of Kiro Baz is Tul Vex.' A search for the fact's key finds exactly it, and the
+    passage states the fact in the words a reader restates it in."""
+    return {attr: f'"{e.name}"\n{fact_sentence(attr, e.name, value)}' for attr, value in e.attrs.items()}
+
+
+def fact_sentence(attr: str, name: str, value: str) -> str:
+    key = fact_key(attr, name)
+    return f"{key[0].upper()}{key[1:]} is {value}."
+
+
+def corpus_rows(rng: random.Random, entities: list[Entity], prefix: str) -> list[dict]:
+    """Every fact of every entity as a corpus row, in a shuffled order (ids reveal neither the side, the kind nor
+    the attribute); sets each entity's `passage_ids`."""
+    facts = [(e, attr, text) for e in entities for attr, text in fact_passages(e).items()]
+    rng.shuffle(facts)
+    rows = []
+    for pid, (e, attr, text) in enumerate(facts):
+        e.passage_ids[attr] = f"{prefix}-{pid:05d}"
+        rows.append({"id": e.passage_ids[attr], "contents": text})
+    return rows
 
 
 # (template, attribute) for 1 hop; the subject is the question's entity. Every answer is a word of a closed set
@@ -235,14 +244,13 @@ def question_pool(entities: list[Entity]) -> tuple[list[dict], list[dict]]:
         for template, attr in ONE_HOP[e.kind]:
             if attr in e.attrs:
                 chain = [e.name] + ([e.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
-                one.append(_question(template.format(s=e.name), e.attrs[attr], 1, chain, [e.passage_id]))
+                one.append(_question(template.format(s=e.name), e.attrs[attr], 1, chain, [e.passage_ids[attr]]))
         for template, rel, attr in TWO_HOP[e.kind]:
             mid = by_name.get(e.attrs.get(rel, ""))
             if mid is not None and attr in mid.attrs:
                 chain = [e.name, mid.name] + ([mid.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
-                two.append(
-                    _question(template.format(s=e.name), mid.attrs[attr], 2, chain, [e.passage_id, mid.passage_id])
-                )
+                support = [e.passage_ids[rel], mid.passage_ids[attr]]
+                two.append(_question(template.format(s=e.name), mid.attrs[attr], 2, chain, support))
     return one, two
 
 
@@ -279,7 +287,7 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
     pools, used = name_pools(rng, cfg.n_entities), set()
     entities = make_side(rng, "train", cfg.n_entities - n_val, pools, used)
     entities += make_side(rng, "val", n_val, pools, used)
-    corpus = _corpus(rng, entities)
+    corpus = corpus_rows(rng, entities, "tw")
     splits = {}
     for side, n in (("train", cfg.n_train), ("val", cfg.n_val)):
         one, two = question_pool([e for e in entities if e.side == side])

@@ -54,7 +54,8 @@ def test_sft_lowers_loss_and_warm_start_is_cached(tmp_path):
     history = train_sft(model, tok, demos, SFTOptions(epochs=5, lr=3e-3, batch_size=4))
     assert history[-1] < history[0] * 0.75, history
 
-    opts = SFTOptions(epochs=1, batch_size=8, n_demos=32)
+    opts = SFTOptions(epochs=1, copy_epochs=1, batch_size=8, n_demos=32)  # the curriculum: search demos, then the mix
+    assert sum(d["searched"] for d in toy_demos(cfg, n=32, p_no_search=0.0, seed=1)) == 32
     path = warm_start(cfg, opts)
     assert os.path.isfile(os.path.join(path, "config.json"))
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
