@@ -75,7 +75,8 @@ def _fake_search(passages: dict[str, str], entities: list[Entity], rng: random.R
     async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
         out = []
         for query in queries:
-            hits = [by_key[query.lower().strip()]] if query.lower().strip() in by_key else []
+            hit = by_key.get(query.lower().strip())
+            hits = [hit] if hit else []
             hits += [pid for pid in rng.sample(ids, min(len(ids), topk + 1)) if pid not in hits]
             out.append([Doc(pid, passages[pid], score=1.0 - 0.1 * i) for i, pid in enumerate(hits[:topk])])
         return out

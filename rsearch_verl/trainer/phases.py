@@ -130,8 +130,8 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
 
 
 def rollout_logprob_gap(batch: DataProto) -> dict[str, float]:
-    """Mean |rollout engine log-prob - actor log-prob| on sampled tokens: ~0 when the weight sync works (and the
-    engine samples from the unmodified distribution, temperature 1 / top_p 1)."""
+    """Mean |rollout engine log-prob - actor log-prob| on sampled tokens: ~0 when the weight sync works (both are
+    taken at the rollout temperature; top_p < 1 / top_k filtering is the engine's alone and widens the gap)."""
     mask = batch.batch["response_mask"].bool()
     if not mask.any():
         return {}
