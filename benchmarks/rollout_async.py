@@ -136,6 +136,11 @@ def serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
     return srv, f"http://127.0.0.1:{port}"
 
 
+def searches_of(i: int, args) -> int:
+    """The searches trajectory i is scripted to make: 0..max_searches, round robin."""
+    return i % (args.max_searches + 1)
+
+
 class Script:
     """The scripted policy: `Q<i>: searches=K` in the prompt -> K search turns, then an answer; each turn thinks for a
     seeded, long-tailed number of filler tokens (none with `uniform`)."""
@@ -238,7 +243,7 @@ def step_bound(script: Script, tok, n: int) -> tuple[int, int, int]:
     first token comes from its prefill). Also the policy tokens the script makes every loop keep."""
     lens = []
     for i in range(n):
-        k = i % (script.args.max_searches + 1)
+        k = searches_of(i, script.args)
         texts = [script(f"Q{i}: searches={k}" + "</search>" * t) for t in range(k + 1)]
         lens.append([len(tok.encode(text, add_special_tokens=False)) - 1 for text in texts])
     turn_sync = sum(max(row[t] for row in lens if len(row) > t) for t in range(max(map(len, lens))))
@@ -273,9 +278,8 @@ async def run_all(args) -> tuple[list[tuple[int, str, float, dict]], dict[int, t
         engine = ScriptedHFEngine(model, tok, script, max_batch=max(64, args.n), continuous=not args.static)
     srv, url = serve(slow_retriever(args.latency_ms / 1000.0, args.jitter_ms / 1000.0, args.seed))
     cfg = bench_config(url, args)
-    k = args.max_searches + 1
-    rows = [{"prompt": f"Q{i}: searches={i % k}\n", "golden_answers": ["42"], "data_source": "bench"} for i in
-            range(args.n)]  # fmt: skip
+    rows = [{"prompt": f"Q{i}: searches={searches_of(i, args)}\n", "golden_answers": ["42"], "data_source": "bench"}
+            for i in range(args.n)]  # fmt: skip
     dataset = PromptDataset(rows, tok, max_prompt_length=64)
     proto = get_protocol("search_r1")
     results, bounds = [], {}
