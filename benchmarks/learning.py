@@ -1,31 +1,33 @@
-"""Does the toy world's main job learn? Warm start vs after RL on held-out questions, by running the real main job
-(`python -m rsearch_verl.main`, local Ray, the recipe's own BM25 server, the cached SFT warm start) once per variant
-and reading its metrics.jsonl: validation before the first update (= the warm start) and at the end.
+"""Does the toy world's main job learn, for every RL seed and every world? A grid of real main jobs.
 
-Variants (same seed, data and warm start): PPO (search_r1_ppo) with observation masking, PPO without masking
-(`actor.mask_observations=false`, Search-R1's ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts: the same
-16 trajectories per step as PPO's 16 prompts) with masking.
-Columns: EM on all held-out questions and on the 2-hop ones, searches per question, before -> after.
-Prints a table; the last line is the headline: the EM gain of PPO with masking (target >= 0.25 absolute).
+Each cell runs `python -m rsearch_verl.main` (local Ray, the recipe's own BM25 server, the world's cached warm start)
+and reads its metrics.jsonl: held-out EM and searches per question before the first update (= the warm start) and
+after the last one. The grid is variants x RL seeds (`seed`) x toy worlds (`data.toy_world.seed`); the warm start
+has its own seed (model.warm_start_seed), so all RL seeds of a world start from the same cached warm start.
 
-    .venv/bin/python benchmarks/learning.py                       # total_steps of the trainer group (cpu: 20)
-    .venv/bin/python benchmarks/learning.py --steps 40 --only ppo --extra data.toy_world.cache_dir=/tmp/tw
+Variants: PPO (search_r1_ppo, the README's main job) with observation masking, the same without masking
+(`algorithm.mask_observations=false`, Search-R1's Table 4 ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts:
+the same 16 trajectories per step as PPO's 16 prompts) with masking.
 
-Measured (2 CPU cores, toy world v3 defaults: 64 held-out questions, half 2-hop; 20 steps of 16 trajectories; one
-seed; the first variant's wall time includes building the world and the warm start, ~9 min):
-    variant                val EM         2-hop EM       searches/q   wall s
-    ppo            0.016 -> 1.000   0.000 -> 1.000   0.000 -> 1.500      675
-    ppo_nomask     0.016 -> 0.891   0.000 -> 0.969   0.000 -> 1.438      142
-    grpo           0.016 -> 0.984   0.000 -> 0.969   0.000 -> 1.500      118
-    masking: EM after RL 1.000 with vs 0.891 without
-    headline: RL EM gain over the warm start +0.984 (target >= +0.25)
+Per variant: EM gain (after - before) min / median / max, the share of runs that gain >= +0.25, searches per
+question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
+with its spread. Last line: the worst run's gain for the default recipe (ppo).
+
+    .venv/bin/python benchmarks/learning.py                           # 5 RL seeds x 3 worlds x 3 variants
+    .venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo --out /tmp/grid
+    .venv/bin/python benchmarks/learning.py --jobs 2                  # two runs at a time (1 torch thread each)
+
+Finished cells are kept in `<out>/results.jsonl`: rerunning with the same `--out` resumes the grid. Measured numbers
+are in docs/toy_world_learning.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,57 +36,125 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "ppo": ["+recipe=search_r1_ppo"],
-    "ppo_nomask": ["+recipe=search_r1_ppo", "actor.mask_observations=false"],
-    # the same 16 trajectories per step as PPO's 16 prompts x 1
+    "ppo_nomask": ["+recipe=search_r1_ppo", "algorithm.mask_observations=false"],
     "grpo": ["+recipe=search_r1_grpo", "rollout.n=4", "data.train_batch_size=4"],
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
+TARGET = 0.25  # held-out EM gain every run must reach
 
 
-def run_variant(name: str, steps: int | None, extra: list[str], out_root: str) -> dict:
-    """Run the main job for one variant; return its first and last validation rows and the wall time."""
-    run_dir = os.path.join(out_root, name)
-    cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[name], *QUIET, f"trainer.run_dir={run_dir}", *extra]
-    if steps is not None:
-        cmd.append(f"trainer.total_steps={steps}")
+def run_cell(variant: str, seed: int, world: int, args) -> dict:
+    """Run the main job for one cell; return its first and last validation rows and the wall time."""
+    run_dir = os.path.join(args.out, f"{variant}-s{seed}-w{world}")
+    cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[variant], *QUIET, f"trainer.run_dir={run_dir}"]
+    cmd += [f"seed={seed}", f"data.toy_world.seed={world}", "trainer.resume=disable", *args.extra]
+    if args.steps is not None:
+        cmd.append(f"trainer.total_steps={args.steps}")
+    env = dict(os.environ)
+    if args.jobs > 1:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"{name}: main job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         vals = [row for row in map(json.loads, f) if "val/em" in row]
-    return {"before": vals[0], "after": vals[-1], "wall_s": wall}
+    before, after = vals[0], vals[-1]
+    return {
+        "variant": variant,
+        "seed": seed,
+        "world": world,
+        "em_before": before["val/em"],
+        "em_after": after["val/em"],
+        "searches_before": before["val/searches_mean"],
+        "searches_after": after["val/searches_mean"],
+        "wall_s": round(wall, 1),
+    }
 
 
-def _cell(before: dict, after: dict, key: str) -> str:
-    if key not in before or key not in after:
-        return "n/a"
-    return f"{before[key]:.3f} -> {after[key]:.3f}"
+def load_done(path: str) -> dict[tuple, dict]:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {(r["variant"], r["seed"], r["world"]): r for r in rows}
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict]:
+def spread(values: list[float]) -> str:
+    return f"{min(values):+.3f} / {statistics.median(values):+.3f} / {max(values):+.3f}"
+
+
+def report(rows: list[dict], variants: list[str]) -> list[str]:
+    """The table's lines (printed and returned)."""
+    lines = [f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= +0.25':>9} {'searches/q':>14}"]
+    by_variant = {v: [r for r in rows if r["variant"] == v] for v in variants}
+    for name, runs in by_variant.items():
+        if not runs:
+            continue
+        gains = [r["em_after"] - r["em_before"] for r in runs]
+        share = sum(g >= TARGET for g in gains) / len(gains)
+        s_before = statistics.median(r["searches_before"] for r in runs)
+        s_after = statistics.median(r["searches_after"] for r in runs)
+        searches = f"{s_before:.2f} -> {s_after:.2f}"
+        lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14}")
+    paired = {(r["seed"], r["world"]): r for r in by_variant.get("ppo_nomask", [])}
+    effect = [r["em_after"] - paired[(r["seed"], r["world"])]["em_after"] for r in by_variant.get("ppo", [])
+              if (r["seed"], r["world"]) in paired]  # fmt: skip
+    if effect:
+        lines.append(f"masking effect (EM after RL, ppo - ppo_nomask, {len(effect)} pairs): {spread(effect)}")
+    head = by_variant.get("ppo") or next(r for r in by_variant.values() if r)
+    worst = min(head, key=lambda r: r["em_after"] - r["em_before"])
+    gain = worst["em_after"] - worst["em_before"]
+    lines.append(
+        f"worst run of {head[0]['variant']}: EM gain {gain:+.3f} (seed {worst['seed']}, world {worst['world']}; "
+        f"target >= +{TARGET})"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the trainer group's)")
+    parser.add_argument("--seeds", type=int, default=5, help="RL seeds 1..N")
+    parser.add_argument("--worlds", type=int, default=3, help="toy world seeds 0..M-1")
     parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants: " + ",".join(VARIANTS))
-    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every variant")
-    parser.add_argument("--out", default=None, help="directory for the run dirs (default: a temp dir)")
+    parser.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the trainer group's)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each then uses one torch thread)")
+    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    parser.add_argument("--out", default=None, help="directory for run dirs and results.jsonl (default: a temp dir)")
     args = parser.parse_args(argv)
-    out_root = args.out or tempfile.mkdtemp(prefix="rsearch-learning-")
-    results = {name: run_variant(name, args.steps, args.extra, out_root) for name in args.only.split(",")}
-    header = f"{'variant':<12} {'val EM':>16} {'2-hop EM':>16} {'searches/q':>16} {'wall s':>8}"
-    print(header)  # noqa: T201
-    for name, r in results.items():
-        b, a = r["before"], r["after"]
-        row = [_cell(b, a, "val/em"), _cell(b, a, "val/toy_world_2hop/em"), _cell(b, a, "val/searches_mean")]
-        print(f"{name:<12} {row[0]:>16} {row[1]:>16} {row[2]:>16} {r['wall_s']:>8.0f}")  # noqa: T201
-    if "ppo" in results and "ppo_nomask" in results:
-        em = {k: results[k]["after"]["val/em"] for k in ("ppo", "ppo_nomask")}
-        print(f"masking: EM after RL {em['ppo']:.3f} with vs {em['ppo_nomask']:.3f} without")  # noqa: T201
-    head = results.get("ppo") or next(iter(results.values()))
-    gain = head["after"]["val/em"] - head["before"]["val/em"]
-    print(f"headline: RL EM gain over the warm start {gain:+.3f} (target >= +0.25)")  # noqa: T201
-    return results
+    args.out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="rsearch-learning-"))
+    os.makedirs(args.out, exist_ok=True)
+    variants = args.only.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    results_path = os.path.join(args.out, "results.jsonl")
+    done = load_done(results_path)
+    # worlds outermost: the first run of a world builds its warm start, which every later run of it reuses
+    cells = [(v, s, w) for w in range(args.worlds) for s in range(1, args.seeds + 1) for v in variants]
+    todo = [c for c in cells if c not in done]
+    firsts = {}
+    for cell in todo:  # one run per world first, alone: concurrent runs must not build the same warm start twice
+        firsts.setdefault(cell[2], cell)
+    for cell in firsts.values():
+        done[cell] = _record(run_cell(*cell, args), results_path)
+    rest = [c for c in todo if c not in firsts.values()]
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for row in pool.map(lambda c: run_cell(*c, args), rest):
+            done[(row["variant"], row["seed"], row["world"])] = _record(row, results_path)
+    rows = [done[c] for c in cells]
+    for line in report(rows, variants):
+        print(line)  # noqa: T201 - the benchmark's table
+    return rows
+
+
+def _record(row: dict, path: str) -> dict:
+    logging_line = json.dumps(row)
+    with open(path, "a") as f:
+        f.write(logging_line + "\n")
+    print(f"# {logging_line}", flush=True)  # noqa: T201 - progress
+    return row
 
 
 if __name__ == "__main__":

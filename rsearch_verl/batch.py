@@ -10,6 +10,10 @@ Tensors (`batch.batch`):
     response_mask      [B, R] long   1 = sampled by the policy (trained), 0 = observation inserted by the
                                      environment or padding (no loss, no advantage, no KL, no entropy, no value)
     rollout_log_probs  [B, R] float  log-prob of each sampled token under the rollout engine (0 where mask 0)
+    loss_mask          [B, R] long   the positions every loss and the value / advantage chain use: written ONCE by
+                                     the driver right after the rollout (`loss_mask` below) and only read after;
+                                     = response_mask, or every real response token for the no-masking ablation
+                                     (algorithm.mask_observations=false)
     token_level_scores [B, R] float  outcome reward on the last policy token (reward phase)
     old_log_probs      [B, R] float  actor log-probs before the update (actor.compute_log_prob)
     ref_log_prob       [B, R] float  reference log-probs (compute_ref_log_prob), when KL is used
@@ -51,7 +55,8 @@ def response_attention(attention_mask: torch.Tensor, response_len: int) -> torch
 
 
 def loss_mask(batch_tensors, mask_observations: bool) -> torch.Tensor:
-    """The mask every loss uses: policy tokens only (default) or all response tokens (ablation)."""
+    """The batch's `loss_mask`: policy tokens only (default) or all real response tokens (ablation). The driver
+    calls this once per step (trainer/loop.py); actor, critic, KL and advantages read the stored key."""
     mask = batch_tensors["response_mask"]
     if mask_observations:
         return mask

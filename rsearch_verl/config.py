@@ -53,6 +53,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     use_chat_template: bool = False  # instruct models: wrap prompts in the tokenizer's chat template
     sft_checkpoint: str | None = None  # HF dir from `python -m rsearch_verl.sft`; "auto": toy world warm start
+    warm_start_seed: int = 0  # the toy world warm start's own seed (init, demos, batch order); RL seeds share it
     # Learning rates depend on model scale: recipes hold the papers' values (3B-7B models); a model group may
     # replace them (the tiny toy policy needs ~1e-4). None keeps the recipe's actor/critic optim.lr.
     actor_lr: float | None = None
@@ -132,6 +133,10 @@ class AlgorithmConfig:
     kl_coef: float = 0.001  # β at step 0 (in reward or as loss, whichever is enabled)
     kl_schedule: str = "constant"  # constant | linear (anneal kl_coef -> kl_coef_end over total_steps)
     kl_coef_end: float = 0.001
+    # False = the "no retrieved-token masking" ablation (Search-R1 Table 4): observation tokens then count in every
+    # loss (actor, critic, KL) and in the value / advantage chain alike. Read once, by the driver, which writes the
+    # batch's `loss_mask` (rsearch_verl/batch.py); nothing else reads this flag.
+    mask_observations: bool = True
 
 
 @dataclass
@@ -158,7 +163,6 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_type: str = "low_var_kl"
-    mask_observations: bool = True  # False = the "no retrieved-token masking" ablation (Search-R1 Table 4)
 
 
 @dataclass

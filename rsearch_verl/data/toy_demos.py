@@ -64,13 +64,14 @@ def _run_sync(make_coro):
         return pool.submit(lambda: asyncio.run(make_coro())).result()
 
 
-def _fake_search(passages: dict[str, str], entities: list[Entity], rng: random.Random):
-    """A SearchFn over `passages` that looks like the retriever: the fact whose key ("the region of Tul Vex") is
-    the query first, then random other passages."""
+def practice_search(side: PracticeSide, rng: random.Random):
+    """A SearchFn over a practice side's passages that looks like the retriever: the fact whose key ("the region of
+    Tul Vex") is the query first, then random other passages."""
     from rsearch_verl.rollout.protocols.base import Doc
 
+    passages = side.passages
     ids = sorted(passages)
-    by_key = {fact_key(attr, e.name).lower(): pid for e in entities for attr, pid in e.passage_ids.items()}
+    by_key = {fact_key(attr, e.name).lower(): pid for e in side.entities for attr, pid in e.passage_ids.items()}
 
     async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
         out = []
@@ -131,6 +132,26 @@ def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, 
     return segments
 
 
+def _guess_segments(fmt, answer: str) -> list[tuple[str, str]]:
+    """An answer from "memory": the decision and the answer tags are policy text, the guessed value itself is a
+    "guess" segment -- context, not a target in SFT. Were the guesses trained, the answer slot would learn to emit
+    a random name half of the time, which competes with copying the answer out of the thought (copying into the
+    answer is the last skill to appear, see docs/toy_world_learning.md); untrained, a no-search answer is whatever
+    the policy makes of it, which is rarely right -- an answer from memory about a fictional entity."""
+    head = fmt[0].format(t="I think I know this without searching.")
+    return _answer_segments(head + fmt[2].format(a=answer), answer, len(head), "guess")
+
+
+def _answer_segments(text: str, answer: str, start: int, role: str) -> list[tuple[str, str]]:
+    """`text` (a final turn) as policy text around the answer value, which gets `role` ("answer": a target SFT may
+    weight up, `SFTOptions.answer_weight`; "guess": no target). The cut falls before the space that precedes the
+    value, so byte-level BPE tokenises the pieces exactly as it would the whole turn."""
+    begin = text.index(answer, start)
+    cut = begin - 1 if text[begin - 1] == " " else begin
+    end = begin + len(answer)
+    return [("policy", text[:cut]), (role, text[cut:end]), ("policy", text[end:])]
+
+
 def question_attrs(q: dict) -> list[str]:
     """The attribute asked at each hop, recovered from the world's templates."""
     for kind in ONE_HOP:
@@ -189,7 +210,8 @@ def demonstrations(
     With probability `p_no_search` the demonstration answers at once from "memory" (a guess of the right type,
     usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
     retrieved-looking passages and answers correctly. Returns dicts {"prompt", "segments": [(role, text)],
-    "answer", "question", "searched"}; role is "policy" or "observation" (the latter is masked in SFT).
+    "answer", "question", "searched"}; role is "policy", "observation", "answer" (the value of a searched answer: a
+    target) or "guess" (the value of a from-memory answer: context only).
     """
     from rsearch_verl.rollout.protocols import get_protocol
 
@@ -198,7 +220,7 @@ def demonstrations(
     proto, fmt = get_protocol(protocol_name), DEMO_FORMATS[protocol_name]
     rng = random.Random(f"demos-{seed}-{protocol_name}")
     sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
-    searches = [_fake_search(side.passages, side.entities, rng) for side in sides]
+    searches = [practice_search(side, rng) for side in sides]
     out = []
     for _ in range(n):
         k = rng.randrange(len(sides))
@@ -209,12 +231,11 @@ def demonstrations(
             segments = _search_segments(proto, fmt, q, searches[k], topk)
             answer = q["golden_answers"][0]
             final = fmt[0].format(t=_final_thought(q)) + _evidence(side.passages, protocol_name, q)
-            final += fmt[2].format(a=answer)
+            segments += _answer_segments(final + fmt[2].format(a=answer), answer, len(final), "answer")
         else:
-            segments, answer = [], _guess(side.entities, rng, q)
-            final = fmt[0].format(t="I think I know this without searching.") + fmt[2].format(a=answer)
-        segments.append(("policy", final))
-        got = proto.extract_answer("".join(t for role, t in segments if role == "policy"))
+            answer = _guess(side.entities, rng, q)
+            segments = _guess_segments(fmt, answer)
+        got = proto.extract_answer("".join(t for role, t in segments if role != "observation"))
         if got is None or got.strip() != answer:
             raise ValueError(f"demonstrations: protocol {protocol_name!r} extracts {got!r}, wanted {answer!r}")
         prompt = proto.build_prompt(q["question"], variant)

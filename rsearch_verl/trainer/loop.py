@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from verl import DataProto
 
+from rsearch_verl import batch as batch_keys
 from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
@@ -70,6 +71,8 @@ class Trainer:
             with timed(timing, "gen"):
                 batch = wg.rollout.generate_sequences(batch)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
+            # the one place that decides which response tokens any loss sees (observations masked or not)
+            batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations)
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):

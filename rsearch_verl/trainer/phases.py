@@ -11,7 +11,6 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from rsearch_verl import batch as batch_keys
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
 from rsearch_verl.config import RSearchConfig
@@ -58,7 +57,7 @@ def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[Da
     """KL penalty in the reward (when enabled, β from its schedule), then the recipe's advantage estimator."""
     metrics: dict[str, float] = {}
     tensors = batch.batch
-    loss_mask = batch_keys.loss_mask(tensors, cfg.actor.mask_observations)
+    loss_mask = tensors["loss_mask"]
     if cfg.algorithm.use_kl_in_reward:
         beta = current_kl_coef(cfg, step)
         rewards, kl_metrics = apply_kl_penalty(

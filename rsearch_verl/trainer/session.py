@@ -104,6 +104,7 @@ def init_ray(cfg: RSearchConfig) -> bool:
 class TrainingSession:
     def __init__(self, cfg: RSearchConfig, run_dir: str):
         self.cfg, self.run_dir = cfg, os.path.abspath(run_dir)
+        self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/warm_start.py)
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> TrainingSession:
@@ -119,9 +120,10 @@ class TrainingSession:
         if data.tokenizer_path and cfg.model.tokenizer_path is None:
             cfg.model.tokenizer_path = data.tokenizer_path
         if cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
-            from rsearch_verl.sft import warm_start
+            from rsearch_verl.warm_start import read_report, warm_start
 
             cfg.model.sft_checkpoint = warm_start(cfg)
+            self.warm_start_report = read_report(cfg.model.sft_checkpoint)
         proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
         tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
         limit = cfg.data.max_prompt_length
@@ -164,6 +166,10 @@ class TrainingSession:
                     "val/searches_mean_after": vals[-1].get("val/searches_mean"),
                 }
             )
+        if self.warm_start_report is not None:
+            report = self.warm_start_report
+            summary["warm_start"] = {k: report[k] for k in ("seed", "copy_epochs", "greedy")}
+            summary["warm_start"]["probe"] = report["probes"][-1]
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         logger.info("summary: %s", json.dumps(summary))

@@ -11,7 +11,8 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
     full_state_dict()                  the gathered weights (split placement: the driver ships them)
     save_checkpoint(dir) / load_checkpoint(dir)   per-rank shards + optimizer + scheduler + RNG; HF export in dir/hf
 
-Every loss uses `rsearch_verl.batch.loss_mask`: observation tokens carry no loss and no gradient.
+Every loss reads the batch's `loss_mask` (written once by the driver, rsearch_verl/batch.py): with masking on,
+observation tokens carry no loss and no gradient.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
-from rsearch_verl import batch as batch_keys
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
 from rsearch_verl.workers import fsdp
@@ -86,7 +86,6 @@ class ActorWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         cfg = self.cfg.actor
-        data.batch["loss_mask"] = batch_keys.loss_mask(data.batch, cfg.mask_observations)
         kl_coef = float(data.meta_info.get("kl_coef", 0.0))
         mini = cfg.ppo_mini_batch_size // world_size()
         self.model.train()

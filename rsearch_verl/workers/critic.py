@@ -4,7 +4,7 @@ sharded with FSDP2, on `verl.single_controller` like the actor.
 Methods (DP_COMPUTE_PROTO splits the batch over ranks):
     init_model()                 backbone from the same weights as the policy (as in Search-R1), head zero-init
     compute_values(batch)        -> values [B, R]: V(state before each response token)
-    update_critic(batch)         clipped value loss on policy tokens only; meta_info["metrics"] (critic/*)
+    update_critic(batch)         clipped value loss on the batch's loss_mask; meta_info["metrics"] (critic/*)
     save_checkpoint(dir) / load_checkpoint(dir)
 """
 
@@ -17,7 +17,6 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
-from rsearch_verl import batch as batch_keys
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
 from rsearch_verl.workers import fsdp
@@ -65,12 +64,12 @@ class CriticWorker(Worker):
         self.model.eval()
         micro = self.cfg.critic.micro_batch_size
         values = torch.cat([response_values(self.model, m, self.device).cpu() for m in split_rows(data, micro)])
-        return DataProto.from_dict(tensors={"values": values * data.batch["response_mask"]})
+        # 0 outside the loss mask: with masking on, observation positions are no state of the value chain
+        return DataProto.from_dict(tensors={"values": values * data.batch["loss_mask"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         cfg = self.cfg.critic
-        data.batch["loss_mask"] = batch_keys.loss_mask(data.batch, self.cfg.actor.mask_observations)
         mini = cfg.ppo_mini_batch_size // world_size()
         self.model.train()
         rows = []

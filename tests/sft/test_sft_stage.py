@@ -1,14 +1,17 @@
-"""The SFT stage: observation tokens carry no loss, training lowers the loss on real toy-world demonstrations, and the
-toy world's warm start is built once and reused from its cache."""
+"""The SFT stage: observation tokens and guessed answers carry no loss, training lowers the loss on real toy-world
+demonstrations; the toy world's warm start measures its skills with a probe through the real agent loop, fails loudly
+without them, and is built once per world and warm-start seed (not per RL seed) and reused from its cache."""
 
 import os
 
+import pytest
 import torch
 
 from rsearch_verl.config import load_config
 from rsearch_verl.models import load_model, load_tokenizer
-from rsearch_verl.sft import SFTOptions, _collate, sft_loss, tokenize_demo, toy_demos, train_sft, warm_start
+from rsearch_verl.sft import SFTOptions, _collate, sft_loss, tokenize_demo, train_sft
 from rsearch_verl.trainer.session import toy_world_data
+from rsearch_verl.warm_start import SkillProbe, WarmStartError, WarmStartOptions, read_report, toy_demos, warm_start
 
 SMALL = [
     "model.sft_checkpoint=null",
@@ -45,21 +48,94 @@ def test_observation_tokens_have_no_loss(tmp_path):
     assert float(sft_loss(model, batch)) == 0.0
 
 
-def test_sft_lowers_loss_and_warm_start_is_cached(tmp_path):
+def test_answer_values_are_weighted_targets_and_guesses_context(tmp_path):
+    cfg = _cfg(tmp_path)
+    tok = load_tokenizer(cfg.model)
+    demos = toy_demos(cfg, n=24, p_no_search=0.5, seed=0)
+    assert {d["searched"] for d in demos} == {True, False}
+    for d in demos:
+        role = "answer" if d["searched"] else "guess"
+        value_at = len(d["segments"]) - 2
+        assert [r for r, _ in d["segments"][value_at:]] == [role, "policy"]
+        assert d["segments"][value_at][1].strip() == d["answer"]
+        ids, weights = tokenize_demo(tok, d["prompt"], d["segments"], max_length=640, answer_weight=4.0)
+        whole = tok(d["prompt"] + "".join(t for _, t in d["segments"]), add_special_tokens=False)["input_ids"]
+        assert ids[:-1] == whole  # cutting the turn around the value changes no token
+        value = tok(d["segments"][value_at][1], add_special_tokens=False)["input_ids"]
+        end = len(ids) - 1 - len(tok(d["segments"][-1][1], add_special_tokens=False)["input_ids"])
+        assert ids[end - len(value) : end] == value
+        assert weights[end - len(value) : end] == [4.0 if d["searched"] else 0.0] * len(value)
+        assert weights[end - len(value) - 1] == 1.0 and weights[end] == 1.0
+
+
+def test_sft_lowers_loss(tmp_path):
     cfg = _cfg(tmp_path)
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, tok, seed=0)
-    demos = toy_demos(cfg, n=16)
-    assert all(role in ("policy", "observation") for d in demos for role, _ in d["segments"])
+    demos = toy_demos(cfg, n=16, p_no_search=0.5, seed=0)
     history = train_sft(model, tok, demos, SFTOptions(epochs=5, lr=3e-3, batch_size=4))
     assert history[-1] < history[0] * 0.75, history
 
-    opts = SFTOptions(epochs=1, copy_epochs=1, batch_size=8, n_demos=32)  # the curriculum: search demos, then the mix
-    assert sum(d["searched"] for d in toy_demos(cfg, n=32, p_no_search=0.0, seed=1)) == 32
+
+def _scripted_probe(cfg, answer_right: bool, search: bool):
+    """A probe whose engine writes the toy world's ideal trajectory (or a wrong answer / no search)."""
+    from rsearch_verl.data.toy_demos import question_attrs
+    from rsearch_verl.data.toy_world import fact_key
+    from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tok, seed=0)
+    holder = {}
+
+    def script(context: str) -> str:
+        q = next(q for q in holder["probe"].questions if q["question"] in context)
+        hop = context.count("<information>") - 1  # the instructions mention the tag once
+        if search and hop < q["hops"]:
+            return f"<think> ok </think>\n<search> {fact_key(question_attrs(q)[hop], q['entities'][hop])} </search>"
+        answer = q["golden_answers"][0] if answer_right else "nobody"
+        return f"<think> ok </think>\n<answer> {answer} </answer>"
+
+    engine = ScriptedHFEngine(model, tok, script)
+    holder["probe"] = SkillProbe(cfg, model, tok, n_questions=8, engine=engine)
+    return holder["probe"]
+
+
+@pytest.mark.parametrize(
+    ("right", "search", "expected"),
+    [(True, True, (1.0, 1.0, 0.0)), (False, True, (1.0, 0.0, 0.0)), (True, False, (0.0, 0.0, 1.0))],
+)
+def test_skill_probe_measures_searching_and_reading(tmp_path, right, search, expected):
+    cfg = _cfg(tmp_path)
+    probe = _scripted_probe(cfg, right, search)
+    try:
+        skills = probe(1.0)
+    finally:
+        probe.close()
+    assert skills.n == 8 and sum(q["hops"] == 2 for q in probe.questions) == 4
+    assert (skills.search_rate, skills.searched_em, skills.no_search_em) == expected
+
+
+def test_warm_start_fails_loudly_without_the_skill(tmp_path):
+    cfg = _cfg(tmp_path)
+    opts = WarmStartOptions(n_demos=16, copy_epochs=1, probe_questions=4)  # one epoch on 16 demos: no copying
+    with pytest.raises(WarmStartError, match="does not copy answers"):
+        warm_start(cfg, opts)
+
+
+def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path):
+    cfg = _cfg(tmp_path)
+    sft = SFTOptions(epochs=1, batch_size=8)
+    opts = WarmStartOptions(sft=sft, n_demos=16, copy_epochs=1, copy_until_em=0.0, probe_questions=4)
     path = warm_start(cfg, opts)
     assert os.path.isfile(os.path.join(path, "config.json"))
+    report = read_report(path)
+    assert [p["phase"] for p in report["probes"]] == ["copy", "mix"] and len(report["loss"]) == 2
+    assert set(report["greedy"]) >= {"search_rate", "searched_em"} and report["seed"] == 0
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
+    cfg.seed += 1  # another RL seed: the same warm start, not rebuilt
     assert warm_start(cfg, opts) == path and os.path.getmtime(os.path.join(path, "config.json")) == stamp
+    cfg.model.warm_start_seed = 5
+    assert warm_start(cfg, opts) != path
     cfg.model.sft_checkpoint = path
-    reloaded = load_model(cfg.model, tok)
+    reloaded = load_model(cfg.model, load_tokenizer(cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)

@@ -4,10 +4,13 @@
 - what the loss reads at observation positions (mask 0) — token-level advantages, old / reference log-probs, and
   the ids of a trailing observation block — changes no parameter update. (Tokens *after* an observation do
   condition on it through attention, as they must: that is context, not a trained target.)
+- the no-masking ablation (algorithm.mask_observations=false) reaches actor, critic, KL and advantages alike:
+  the driver's one `loss_mask` then covers observation tokens, and each of them uses those positions.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from verl import DataProto
@@ -64,6 +67,7 @@ def make_batch(vocab: int, seed: int = 0) -> DataProto:
         "attention_mask": attention,
         "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
         "response_mask": response_mask,
+        "loss_mask": response_mask.clone(),  # the driver's choice (rsearch_verl/batch.py): observations masked
         "advantages": torch.randn(B, R, generator=g),
         "old_log_probs": -torch.rand(B, R, generator=g) * 5,
         "ref_log_prob": -torch.rand(B, R, generator=g) * 5,
@@ -142,3 +146,69 @@ def test_observation_positions_change_no_update(ray_cluster):
     t["advantages"][1, 0] += 5.0
     m_c, s_c = run_update(cfg, other)
     assert max(float((s_a[k] - s_c[k]).abs().max()) for k in s_a) > 1e-6
+
+
+def _ablation_batch(cfg) -> DataProto:
+    """make_batch with the loss mask the driver writes for algorithm.mask_observations=false."""
+    from rsearch_verl.batch import loss_mask
+
+    batch = make_batch(vocab_size(cfg))
+    assert not cfg.algorithm.mask_observations
+    batch.batch["loss_mask"] = loss_mask(batch.batch, cfg.algorithm.mask_observations)
+    assert (batch.batch["loss_mask"] != batch.batch["response_mask"]).any()
+    return batch
+
+
+def test_no_mask_ablation_trains_on_observations_in_the_actor_and_its_kl_loss(ray_cluster):
+    cfg = make_cfg(1, **{"algorithm.mask_observations": "false"})
+    base = _ablation_batch(cfg)
+    obs = (base.batch["response_mask"] == 0) & (base.batch["loss_mask"] == 1)
+    m_a, s_a = run_update(cfg, base)
+    for key in ("advantages", "ref_log_prob"):  # policy-gradient loss and KL loss, each alone
+        other = _ablation_batch(cfg)
+        other.batch[key] = torch.where(obs, other.batch[key] - 3.0, other.batch[key])
+        m_b, s_b = run_update(cfg, other)
+        moved = max(float((s_a[k] - s_b[k]).abs().max()) for k in s_a)
+        assert moved > 1e-6, f"{key} at observation positions changed nothing with masking off"
+    assert m_a["actor/kl_loss"] != pytest.approx(m_b["actor/kl_loss"], abs=1e-6)
+
+
+def test_no_mask_ablation_reaches_critic_values_and_advantages(ray_cluster):
+    from rsearch_verl.trainer.phases import advantage_phase
+    from rsearch_verl.workers.critic import CriticWorker
+
+    for masked in (True, False):
+        overrides = {"algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": "true", "model.critic_lr": "1e-2"}
+        cfg = make_cfg(1, **overrides, **{"algorithm.mask_observations": str(masked).lower()})
+        batch = make_batch(vocab_size(cfg)) if masked else _ablation_batch(cfg)
+        obs = (batch.batch["response_mask"] == 0) & (batch.batch["attention_mask"][:, P:] == 1)
+        policy = batch.batch["response_mask"] == 1
+        name = f"c{int(masked)}"
+        group = _group(_pool(cfg, name), CriticWorker, cfg, name)
+        try:
+            batch = batch.union(group.compute_values(batch))  # the zero-initialised head: all 0
+            batch.batch["returns"] = torch.ones(B, R)
+            group.update_critic(batch)  # one step towards 1 on the loss mask
+            batch.batch["values"] = group.compute_values(batch).batch["values"]
+        finally:
+            for w in group.workers:
+                ray.kill(w)
+            for pg in group.resource_pool.pgs or []:
+                ray.util.remove_placement_group(pg)
+        t = batch.batch
+        assert t["values"][policy].abs().min() > 0, "the critic update did not move the values"
+        t["token_level_scores"] = torch.zeros(B, R)
+        t["token_level_scores"][:, 2] = 1.0
+        t["old_log_probs"] = t["ref_log_prob"] + 0.5  # a KL penalty on every position the mask admits
+        batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(B)], dtype=object)
+        batch, _ = advantage_phase(batch, cfg, step=1)
+        penalty = t["token_level_rewards"] - t["token_level_scores"]
+        checks = {
+            "values": t["values"],
+            "KL-in-reward": penalty,
+            "advantages": t["advantages"],
+            "returns": t["returns"],
+        }
+        for key, tensor in checks.items():
+            at_obs = float(tensor[obs].abs().max())
+            assert (at_obs > 0) == (not masked), f"{key} at observation positions: {at_obs} (masked={masked})"

@@ -1,0 +1,227 @@
+"""The toy world's warm start: an SFT curriculum that gives the tiny policy the skills RL needs, checked by probes.
+
+RL can only reinforce what the policy already does now and then. On the toy world that is: search the fact a
+question needs, read the retrieved passage and copy the answer out of it. The warm start teaches those skills on
+practice sub-worlds (rsearch_verl/data/toy_demos.py: no fact to memorise) and leaves the *decision* to search weak,
+so that the greedy warm start answers from "memory" and RL has something to learn. See docs/toy_world_learning.md
+for why it is built this way and what was measured.
+
+Phases (`WarmStartOptions`):
+  1. copy: demonstrations that mostly search, until a probe shows the skill -- sampled at temperature 1 on
+     questions of a practice world none of the demonstrations came from, the trajectories that search answer
+     correctly at least `copy_until_em` of the time. Copying appears suddenly and after a number of epochs that
+     depends on float summation order (machine, thread count), so the phase ends on the measured skill, not on a
+     loss value or a fixed epoch count.
+  2. mix: the imperfect mix (`p_no_search` of the demonstrations answer at once, usually wrongly), which only
+     shifts the search / no-search prior: every text in it was already learnt.
+The probes' numbers are logged and written next to the checkpoint (`warm_start.json`).
+
+    path = warm_start(cfg)            # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto
+                                      # resolves to. Its seed is model.warm_start_seed, not the RL seed.
+    python -m rsearch_verl.warm_start --out outputs/warm_start +recipe=search_r1_ppo   # the same, to a directory
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+
+import numpy as np
+
+from rsearch_verl.config import RSearchConfig
+from rsearch_verl.sft import SFTOptions, load_policy, save_hf, train_sft
+
+logger = logging.getLogger(__name__)
+
+PROBE_SEED = 7_919  # the practice world the probes ask about: no demonstration comes from it
+REPORT_FILE = "warm_start.json"
+
+
+@dataclasses.dataclass
+class WarmStartOptions:
+    sft: SFTOptions = dataclasses.field(default_factory=SFTOptions)  # the mix phase's epochs and lr
+    n_demos: int = 2048  # toy world demos per phase (practice facts: nothing to memorise)
+    # the mix: the share that answers from "memory" without searching (> 0.5: the greedy warm start does not search,
+    # and RL has to discover that searching pays)
+    p_no_search: float = 0.6
+    copy_epochs: int = 12  # at most; the phase ends when the probe shows the skill
+    copy_lr: float = 3e-3
+    copy_p_no_search: float = 0.15
+    copy_until_em: float = 0.8  # EM of the probe's searching trajectories (temperature 1)
+    probe_questions: int = 48  # half of them 2-hop
+
+
+@dataclasses.dataclass
+class Skills:
+    """What a probe measured: `search_rate` = share of trajectories with a search, `searched_em` = EM of those."""
+
+    search_rate: float
+    searched_em: float
+    no_search_em: float
+    temperature: float
+    n: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+
+
+class SkillProbe:
+    """Runs the policy through the real agent loop (HF engine, the protocol's own parser and observation format)
+    on questions of a held-out practice world, searching that world's passages by their keys."""
+
+    def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, engine=None):
+        from rsearch_verl.data.dataset import PromptDataset
+        from rsearch_verl.data.toy_demos import practice_search, practice_sides
+        from rsearch_verl.data.toy_world import build_toy_world
+        from rsearch_verl.rollout.engines.hf import HFEngine
+        from rsearch_verl.rollout.protocols import get_protocol
+
+        side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
+        rng = random.Random(PROBE_SEED)
+        n_two = min(len(side.two_hop), n_questions // 2)
+        questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
+        self.questions = questions
+        self.protocol = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+        rows = [
+            {
+                "id": f"probe-{i}",
+                "prompt": self.protocol.build_prompt(q["question"], cfg.rollout.prompt_variant),
+                "question": q["question"],
+                "golden_answers": q["golden_answers"],
+                "data_source": f"toy_world_{q['hops']}hop",
+            }
+            for i, q in enumerate(questions)
+        ]
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.data = PromptDataset(rows, tokenizer, cfg.data.max_prompt_length, name="probe")
+        self.search = practice_search(side, random.Random(PROBE_SEED))
+        # the engine shares the model being trained: each probe sees its current weights
+        self.engine = engine if engine is not None else HFEngine(model, tokenizer)
+
+    def __call__(self, temperature: float) -> Skills:
+        from rsearch_verl.rewards.qa import exact_match
+        from rsearch_verl.rollout.agent_loop import generate_batch
+
+        rollout = dataclasses.replace(self.cfg.rollout, val_temperature=temperature, val_n=1)
+        cfg = dataclasses.replace(self.cfg, rollout=rollout)
+        prompts = self.data.to_batch(list(range(len(self.data))), uids=[f"probe-{i}" for i in range(len(self.data))])
+        prompts.meta_info.update(validate=True, seed=PROBE_SEED)
+        nt = generate_batch(self.engine, self.tokenizer, prompts, cfg, search=self.search).non_tensor_batch
+        answers = [self.protocol.extract_answer(str(text)) or "" for text in nt["response_text"]]
+        em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)])
+        searched = nt["n_searches"].astype(int) > 0
+        self.last = [(str(t), list(g)) for t, g in zip(nt["response_text"], nt["ground_truth"], strict=True)]
+        return Skills(
+            search_rate=float(searched.mean()),
+            searched_em=float(em[searched].mean()) if searched.any() else 0.0,
+            no_search_em=float(em[~searched].mean()) if (~searched).any() else 0.0,
+            temperature=temperature,
+            n=len(em),
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class WarmStartError(RuntimeError):
+    """The curriculum ended without the skill RL needs; RL from such a policy would not learn to search."""
+
+
+def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float, seed: int) -> list[dict]:
+    """`n` toy world demonstrations in the recipe's protocol, observations formatted as the rollouts' (top-k)."""
+    from rsearch_verl.data.toy_demos import demonstrations
+    from rsearch_verl.data.toy_world import build_toy_world
+
+    world = build_toy_world(cfg.data.toy_world)
+    return demonstrations(world, cfg.rollout.protocol, n, seed=seed, p_no_search=p_no_search, topk=cfg.retriever.topk)
+
+
+def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartOptions, seed: int) -> dict:
+    """Run the curriculum on `model` in place; returns its report (losses and every probe's skills)."""
+    report: dict = {"seed": seed, "loss": [], "probes": []}
+    probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions)
+    try:
+
+        def measured(phase: str, epoch: int, loss: float) -> Skills:
+            skills = probe(1.0)
+            report["probes"].append({"phase": phase, "epoch": epoch, "loss": round(loss, 4), **skills.as_dict()})
+            logger.info("warm start %s epoch %d: loss %.4f, probe at T=1 %s", phase, epoch, loss, skills.as_dict())
+            return skills
+
+        demos = toy_demos(cfg, opts.n_demos, opts.copy_p_no_search, seed=seed + 1)
+        copy = dataclasses.replace(opts.sft, epochs=opts.copy_epochs, lr=opts.copy_lr, seed=seed)
+        copied = lambda epoch, loss: measured("copy", epoch, loss).searched_em >= opts.copy_until_em  # noqa: E731
+        report["loss"] += train_sft(model, tokenizer, demos, copy, until=copied)
+        report["copy_epochs"] = len(report["loss"])
+        if report["probes"][-1]["searched_em"] < opts.copy_until_em:
+            raise WarmStartError(
+                f"warm start: after {opts.copy_epochs} epochs the policy still does not copy answers out of what it "
+                f"retrieved (probe: {report['probes'][-1]}; wanted searched_em >= {opts.copy_until_em}); RL from it "
+                "would not learn to search. Try another model.warm_start_seed or more WarmStartOptions.copy_epochs."
+            )
+        demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed=seed)
+        mix = dataclasses.replace(opts.sft, seed=seed)
+        report["loss"] += train_sft(model, tokenizer, demos, mix)
+        measured("mix", opts.sft.epochs, report["loss"][-1])
+        report["greedy"] = probe(0.0).as_dict()
+        logger.info("warm start greedy probe: %s", report["greedy"])
+    finally:
+        probe.close()
+    return report
+
+
+def warm_start(cfg: RSearchConfig, opts: WarmStartOptions | None = None) -> str:
+    """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
+
+    The cache key is everything that shapes it -- the model and tokenizer, the protocol, the world, the retriever's
+    top-k, the options and model.warm_start_seed -- and not the RL seed, so RL seeds share one warm start."""
+    opts = opts or WarmStartOptions()
+    seed = cfg.model.warm_start_seed
+    model_key = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("actor_lr", "critic_lr")}
+    key = [model_key, cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world), cfg.retriever.topk]
+    key.append(dataclasses.asdict(opts))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", digest)
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    model, tokenizer = load_policy(cfg, seed=seed)
+    report = train_toy(model, tokenizer, cfg, opts, seed)
+    save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
+    logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
+    return out
+
+
+def read_report(checkpoint: str) -> dict | None:
+    """The curriculum's report saved with a warm start (None for other checkpoints)."""
+    path = os.path.join(checkpoint, REPORT_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> str:
+    """`python -m rsearch_verl.warm_start --out DIR [hydra overrides]`: build the warm start and copy it to DIR."""
+    import argparse
+    import shutil
+
+    from rsearch_verl.config import load_config
+    from rsearch_verl.trainer.session import toy_world_data
+
+    parser = argparse.ArgumentParser(prog="python -m rsearch_verl.warm_start", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="where to copy the warm start (an HF model directory)")
+    args, overrides = parser.parse_known_args(argv)
+    cfg = load_config(overrides)
+    if cfg.model.path == "tiny" and cfg.model.tokenizer_path is None:
+        cfg.model.tokenizer_path = toy_world_data(cfg).tokenizer_path
+    shutil.copytree(warm_start(cfg), args.out, dirs_exist_ok=True)
+    return args.out
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main()
