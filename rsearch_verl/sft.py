@@ -72,12 +72,14 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
-def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Token-mean cross-entropy of next-token prediction over positions whose target has loss mask 1."""
+def sft_loss(model, batch: dict[str, torch.Tensor], denominator: float | None = None) -> torch.Tensor:
+    """Weighted cross-entropy of next-token prediction: the sum over target positions (loss mask > 0) divided by
+    `denominator`, by default the batch's own total weight (its token mean)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     targets, weights = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
-    return (nll * weights).sum() / weights.sum().clamp(min=1.0)
+    total = (nll * weights).sum()
+    return total / (weights.sum().clamp(min=1.0) if denominator is None else denominator)
 
 
 def length_batches(examples: list, batch_size: int) -> list[list]:
@@ -93,6 +95,9 @@ def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions, until=None)
         tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length, opts.answer_weight) for d in demos
     ]
     batches = length_batches(examples, opts.batch_size)
+    # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
+    # weigh a token of a short demonstration (answered at once) several times more than one of a long one (searched).
+    denominator = max(1.0, sum(sum(w[1:]) for _, w in examples) / len(batches))
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
     total = max(1, opts.epochs * len(batches))
     warmup = max(1, opts.warmup_steps)
@@ -107,7 +112,7 @@ def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions, until=None)
         rng.shuffle(batches)  # batch order is random; batch contents stay length-sorted
         losses = []
         for batch in batches:
-            loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id))
+            loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id), denominator)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

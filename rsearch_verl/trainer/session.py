@@ -168,7 +168,7 @@ class TrainingSession:
             )
         if self.warm_start_report is not None:
             report = self.warm_start_report
-            summary["warm_start"] = {k: report[k] for k in ("seed", "copy_epochs", "greedy")}
+            summary["warm_start"] = {k: report[k] for k in ("seed", "epochs", "greedy")}
             summary["warm_start"]["probe"] = report["probes"][-1]
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)

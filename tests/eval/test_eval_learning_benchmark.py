@@ -1,0 +1,50 @@
+"""benchmarks/learning.py's table: per-variant spread of the EM gain, the share of runs reaching the target, the
+masking effect paired by (seed, world), the worst default-recipe run on the last line; a finished grid resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("learning_bench", os.path.join(ROOT, "benchmarks", "learning.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(variant, seed, world, before, after, searches=(0.0, 1.5)):
+    return {"variant": variant, "seed": seed, "world": world, "em_before": before, "em_after": after,
+            "searches_before": searches[0], "searches_after": searches[1], "wall_s": 1.0}  # fmt: skip
+
+
+def test_report_spread_share_masking_effect_and_worst_run():
+    bench = _bench()
+    rows = [
+        _row("ppo", 1, 0, 0.0, 0.9),
+        _row("ppo", 2, 0, 0.0, 0.2),  # below the target
+        _row("ppo", 1, 1, 0.1, 0.8),
+        _row("ppo_nomask", 1, 0, 0.0, 0.5),
+        _row("ppo_nomask", 2, 0, 0.0, 0.4),
+        _row("ppo_nomask", 1, 1, 0.1, 0.9),
+    ]
+    lines = bench.report(rows, ["ppo", "ppo_nomask"])
+    ppo = next(line for line in lines if line.startswith("ppo "))
+    assert "+0.200 / +0.700 / +0.900" in ppo and "67%" in ppo and "0.00 -> 1.50" in ppo
+    assert "+0.400 / +0.500 / +0.800" in next(line for line in lines if line.startswith("ppo_nomask"))
+    effect = next(line for line in lines if line.startswith("masking effect"))
+    assert "3 pairs" in effect and "-0.200 / -0.100 / +0.400" in effect
+    assert lines[-1].startswith("worst run of ppo: EM gain +0.200 (seed 2, world 0")
+
+
+def test_finished_cells_are_read_back(tmp_path):
+    bench = _bench()
+    path = tmp_path / "results.jsonl"
+    rows = [_row("grpo", 3, 2, 0.0, 1.0), _row("ppo", 1, 0, 0.0, 0.5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = bench.load_done(str(path))
+    assert set(done) == {("grpo", 3, 2), ("ppo", 1, 0)} and done[("ppo", 1, 0)]["em_after"] == 0.5
