@@ -140,8 +140,10 @@ def test_demonstrations_follow_the_protocol(world, protocol):
         assert not [n for n in val_names if _mentions(text, n)]  # a held-out entity is never demonstrated
         assert d["prompt"] == proto.build_prompt(d["question"], "base")
         roles = [role for role, _ in d["segments"]]
-        assert roles[-1] == "policy" and set(roles) <= {"policy", "observation"}
-        assert all(a != b for a, b in zip(roles, roles[1:], strict=False))  # policy and observation alternate
+        assert roles[0] == roles[-1] == "policy" and set(roles) <= {"policy", "observation", "answer", "guess"}
+        assert ("observation", "observation") not in zip(roles, roles[1:], strict=False)  # never two in a row
+        # the final answer's value is a segment of its own: a target when searched, context when guessed
+        assert roles[-3:] == ["policy", "answer" if d["searched"] else "guess", "policy"]
         text = "".join(t for _, t in d["segments"])
         assert proto.extract_answer(text).strip() == d["answer"]
         if d["searched"]:
@@ -152,7 +154,7 @@ def test_demonstrations_follow_the_protocol(world, protocol):
             for obs in observations:
                 assert obs.strip().startswith(proto.observation_open)
         else:
-            assert roles == ["policy"]
+            assert roles == ["policy", "guess", "policy"]
     assert all(d["searched"] for d in demonstrations(world, protocol, n=10, seed=2, p_no_search=0.0))
     assert not any(d["searched"] for d in demonstrations(world, protocol, n=10, seed=2, p_no_search=1.0))
 
