@@ -6,12 +6,15 @@ practice sub-worlds (rsearch_verl/data/toy_demos.py: no fact to memorise) and le
 so that the greedy warm start answers from "memory" and RL has something to learn. See docs/toy_world_learning.md
 for why it is built this way and what was measured.
 
-It trains on the imperfect mix (`p_no_search` of the demonstrations answer at once from "memory", the rest search
-and copy) until a probe shows the skill: sampled at temperature 1 on questions of a practice world none of the
-demonstrations came from, the trajectories that search answer correctly at least `until_em` of the time. Copying the
-answer appears suddenly and after a number of epochs that depends on float summation order (machine, thread count),
-so training ends on the measured skill, not on a loss value or a fixed epoch count; if it never appears, the run stops
-with `WarmStartError` instead of starting RL from a policy that cannot learn.
+Phases (`WarmStartOptions`):
+  1. copy: demonstrations that mostly search, until a probe shows the skill -- sampled at temperature 1 on questions
+     of a practice world none of the demonstrations came from, the trajectories that search answer correctly at
+     least `until_em` of the time. Copying the answer appears suddenly and after a number of epochs that depends on
+     float summation order (machine, thread count), so the phase ends on the measured skill, not on a loss value or a
+     fixed epoch count; if it never appears, the run stops with `WarmStartError` instead of starting RL from a policy
+     that cannot learn.
+  2. mix: the imperfect mix (`p_no_search` of the demonstrations answer at once from "memory"), which shifts the
+     search / no-search prior so that the greedy warm start answers from memory.
 The probes' numbers are logged and written next to the checkpoint (`warm_start.json`).
 
     path = warm_start(cfg)            # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto
@@ -43,13 +46,18 @@ REPORT_FILE = "warm_start.json"
 class WarmStartOptions:
     sft: SFTOptions = dataclasses.field(default_factory=SFTOptions)  # batch size, max length, warm-up steps
     n_demos: int = 2048  # toy world demonstrations per epoch (practice facts: nothing to memorise)
-    # the share that answers from "memory" without searching (> 0.5: the greedy warm start does not search, and RL has
-    # to discover that searching pays)
-    p_no_search: float = 0.6
-    lr: float = 3e-3  # constant after the warm-up: training ends on the probe, so there is no length to decay over
-    max_epochs: int = 24  # the skill appeared after 5 to 11 epochs in every run measured (docs/toy_world_learning.md)
+    # phase 1, copy: demonstrations that mostly search, until the probe shows the skill
+    copy_p_no_search: float = 0.15
+    copy_lr: float = 3e-3  # constant after the warm-up: the phase ends on the probe, it has no length to decay over
+    copy_epochs: int = 24  # at most (the skill appeared after 5 to 9 epochs in the runs measured)
     until_em: float = 0.7  # EM of the probe's searching trajectories at temperature 1 ...
     min_searched: int = 8  # ... over at least this many of them
+    # phase 2, mix: the share that answers from "memory" (> 0.5: the greedy warm start does not search, and RL has
+    # to discover that searching pays); a fresh AdamW at a lower lr
+    p_no_search: float = 0.6
+    mix_epochs: int = 2
+    mix_lr: float = 3e-4
+    mix_keeps_em: float = 0.2  # a guard: the mix costs some of the copying (measured 0.89 -> 0.41), RL restores it
     probe_questions: int = 64  # half of them 2-hop
 
 
@@ -139,28 +147,38 @@ def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float, seed: int) -> list
 
 
 def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartOptions, seed: int) -> dict:
-    """Train `model` in place until the probe shows the skill; returns the report (losses, every probe's skills)."""
+    """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs)."""
     report: dict = {"seed": seed, "loss": [], "probes": []}
     probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions)
 
-    def skilled(epoch: int, loss: float) -> bool:
-        skills = probe(1.0)
-        report["probes"].append({"epoch": epoch, "loss": round(loss, 4), **skills.as_dict()})
-        logger.info("warm start epoch %d: loss %.4f, probe at T=1 %s", epoch, loss, skills.as_dict())
-        return skills.searched_em >= opts.until_em and skills.search_rate * skills.n >= opts.min_searched
+    def measured(phase: str, epoch: int, loss: float) -> dict:
+        row = {"phase": phase, "epoch": epoch, "loss": round(loss, 4), **probe(1.0).as_dict()}
+        report["probes"].append(row)
+        logger.info("warm start %s epoch %d: loss %.4f, probe at T=1 %s", phase, epoch, loss, row)
+        return row
+
+    def skilled(row: dict, least_em: float) -> bool:
+        return row["searched_em"] >= least_em and row["search_rate"] * row["n"] >= opts.min_searched
 
     try:
-        demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed=seed)
-        sft = dataclasses.replace(opts.sft, epochs=opts.max_epochs, lr=opts.lr, seed=seed, schedule="constant")
-        report["loss"] = train_sft(model, tokenizer, demos, sft, until=skilled)
+        demos = toy_demos(cfg, opts.n_demos, opts.copy_p_no_search, seed=seed + 1)
+        copy = dataclasses.replace(opts.sft, epochs=opts.copy_epochs, lr=opts.copy_lr, seed=seed, schedule="constant")
+        copied = lambda epoch, loss: skilled(measured("copy", epoch, loss), opts.until_em)  # noqa: E731
+        report["loss"] = train_sft(model, tokenizer, demos, copy, until=copied)
         report["epochs"] = len(report["loss"])
-        last = report["probes"][-1]
-        if last["searched_em"] < opts.until_em or last["search_rate"] * last["n"] < opts.min_searched:
+        if not skilled(report["probes"][-1], opts.until_em):
             raise WarmStartError(
-                f"warm start: after {opts.max_epochs} epochs the policy still does not copy answers out of what it "
-                f"retrieved (probe: {last}; wanted searched_em >= {opts.until_em} over >= {opts.min_searched} "
-                "searching trajectories); RL from it would not learn to search. Try another model.warm_start_seed."
+                f"warm start: after {opts.copy_epochs} epochs the policy still does not copy answers out of what it "
+                f"retrieved (probe: {report['probes'][-1]}; wanted searched_em >= {opts.until_em} over >= "
+                f"{opts.min_searched} searching trajectories); RL from it would not learn. Try another "
+                "model.warm_start_seed."
             )
+        demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed=seed)
+        mix = dataclasses.replace(opts.sft, epochs=opts.mix_epochs, lr=opts.mix_lr, seed=seed)
+        report["loss"] += train_sft(model, tokenizer, demos, mix)
+        last = measured("mix", opts.mix_epochs, report["loss"][-1])
+        if last["searched_em"] < opts.mix_keeps_em:
+            raise WarmStartError(f"warm start: the mix phase undid the copying (probe: {last}); RL would not learn")
         report["greedy"] = probe(0.0).as_dict()
         logger.info("warm start greedy probe: %s", report["greedy"])
     finally:

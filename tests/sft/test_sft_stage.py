@@ -117,19 +117,20 @@ def test_skill_probe_measures_searching_and_reading(tmp_path, right, search, exp
 
 def test_warm_start_fails_loudly_without_the_skill(tmp_path):
     cfg = _cfg(tmp_path)
-    opts = WarmStartOptions(n_demos=16, max_epochs=1, probe_questions=4)  # one epoch on 16 demos: no copying
+    opts = WarmStartOptions(n_demos=16, copy_epochs=1, probe_questions=4)  # one epoch on 16 demos: no copying
     with pytest.raises(WarmStartError, match="does not copy answers"):
         warm_start(cfg, opts)
 
 
 def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path):
     cfg = _cfg(tmp_path)
-    opts = WarmStartOptions(SFTOptions(batch_size=8), n_demos=16, max_epochs=1, until_em=0.0, min_searched=0)
-    opts.probe_questions = 4
+    opts = WarmStartOptions(SFTOptions(batch_size=8), n_demos=16, copy_epochs=1, until_em=0.0, min_searched=0)
+    opts.mix_epochs, opts.mix_keeps_em, opts.probe_questions = 1, 0.0, 4
     path = warm_start(cfg, opts)
     assert os.path.isfile(os.path.join(path, "config.json"))
     report = read_report(path)
-    assert report["epochs"] == 1 and len(report["loss"]) == 1 and [p["epoch"] for p in report["probes"]] == [1]
+    assert report["epochs"] == 1 and len(report["loss"]) == 2
+    assert [(p["phase"], p["epoch"]) for p in report["probes"]] == [("copy", 1), ("mix", 1)]
     assert set(report["greedy"]) >= {"search_rate", "searched_em"} and report["seed"] == 0
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
     cfg.seed += 1  # another RL seed: the same warm start, not rebuilt
