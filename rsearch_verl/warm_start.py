@@ -120,7 +120,6 @@ class SkillProbe:
         answers = [self.protocol.extract_answer(str(text)) or "" for text in nt["response_text"]]
         em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)])
         searched = nt["n_searches"].astype(int) > 0
-        self.last = [(str(t), list(g)) for t, g in zip(nt["response_text"], nt["ground_truth"], strict=True)]
         return Skills(
             search_rate=float(searched.mean()),
             searched_em=float(em[searched].mean()) if searched.any() else 0.0,
