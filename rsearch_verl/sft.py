@@ -3,8 +3,8 @@ warm start.
 
 A demonstration is `{"prompt": str, "segments": [[role, text], ...]}` with role "policy" (trained) or any other role:
 context only, label masked -- "observation" exactly as in RL, so SFT never teaches the model to write retrieved text,
-or "guess" (the toy demos' from-memory answer values, shown but not taught); "answer" segments are policy text
-whose loss weight is `SFTOptions.answer_weight`. Each segment
+or "guess" (the toy demos' from-memory answer values, shown but not taught); "answer" segments (the toy demos'
+searched answer values) are targets like "policy" text. Each segment
 is tokenised on its own, as the agent loop does, and an EOS ends the last policy segment.
 
     python -m rsearch_verl.sft --demos demos.jsonl --out outputs/sft model.path=tiny model.tokenizer_path=TOK
@@ -40,15 +40,12 @@ class SFTOptions:
     seed: int = 0
     warmup_steps: int = 20
     schedule: str = "linear"  # linear: decay to 10 % at the last epoch; constant: for training that stops on a probe
-    answer_weight: float = 1.0  # loss weight of "answer" segments (the toy demos' answer values) vs 1 for "policy"
 
 
-def tokenize_demo(
-    tokenizer, prompt: str, segments: list, max_length: int, answer_weight: float = 1.0
-) -> tuple[list[int], list[float]]:
-    """Token ids of prompt + segments and the loss weights: 1 on policy tokens and the final EOS, `answer_weight` on
-    "answer" segments, 0 on any other role (observations, guesses) and the prompt."""
-    weights = {"policy": 1.0, "answer": answer_weight}
+def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[float]]:
+    """Token ids of prompt + segments and the loss weights: 1 on "policy" and "answer" tokens and the final EOS, 0 on
+    any other role (observations, guesses) and the prompt."""
+    weights = {"policy": 1.0, "answer": 1.0}
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     mask = [0.0] * len(ids)
     for role, text in segments:
@@ -91,9 +88,7 @@ def length_batches(examples: list, batch_size: int) -> list[list]:
 def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions, until=None) -> list[float]:
     """Train `model` in place on `demos`; returns the mean loss of each epoch. `until(epoch, loss) -> bool`, called
     after each epoch with the model in eval mode, stops the training early when it returns True."""
-    examples = [
-        tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length, opts.answer_weight) for d in demos
-    ]
+    examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
     batches = length_batches(examples, opts.batch_size)
     # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
     # weigh a token of a short demonstration (answered at once) several times more than one of a long one (searched).

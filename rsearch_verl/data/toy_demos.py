@@ -143,8 +143,8 @@ def _guess_segments(fmt, answer: str) -> list[tuple[str, str]]:
 
 
 def _answer_segments(text: str, answer: str, start: int, role: str) -> list[tuple[str, str]]:
-    """`text` (a final turn) as policy text around the answer value, which gets `role` ("answer": a target SFT may
-    weight up, `SFTOptions.answer_weight`; "guess": no target). The cut falls before the space that precedes the
+    """`text` (a final turn) as policy text around the answer value, which gets `role` ("answer": a target;
+    "guess": no target). The cut falls before the space that precedes the
     value, so byte-level BPE tokenises the pieces exactly as it would the whole turn."""
     begin = text.index(answer, start)
     cut = begin - 1 if text[begin - 1] == " " else begin

@@ -48,7 +48,7 @@ def test_observation_tokens_have_no_loss(tmp_path):
     assert float(sft_loss(model, batch)) == 0.0
 
 
-def test_answer_values_are_weighted_targets_and_guesses_context(tmp_path):
+def test_answer_values_are_targets_and_guesses_context(tmp_path):
     cfg = _cfg(tmp_path)
     tok = load_tokenizer(cfg.model)
     demos = toy_demos(cfg, n=24, p_no_search=0.5, seed=0)
@@ -58,13 +58,13 @@ def test_answer_values_are_weighted_targets_and_guesses_context(tmp_path):
         value_at = len(d["segments"]) - 2
         assert [r for r, _ in d["segments"][value_at:]] == [role, "policy"]
         assert d["segments"][value_at][1].strip() == d["answer"]
-        ids, weights = tokenize_demo(tok, d["prompt"], d["segments"], max_length=640, answer_weight=4.0)
+        ids, weights = tokenize_demo(tok, d["prompt"], d["segments"], max_length=640)
         whole = tok(d["prompt"] + "".join(t for _, t in d["segments"]), add_special_tokens=False)["input_ids"]
         assert ids[:-1] == whole  # cutting the turn around the value changes no token
         value = tok(d["segments"][value_at][1], add_special_tokens=False)["input_ids"]
         end = len(ids) - 1 - len(tok(d["segments"][-1][1], add_special_tokens=False)["input_ids"])
         assert ids[end - len(value) : end] == value
-        assert weights[end - len(value) : end] == [4.0 if d["searched"] else 0.0] * len(value)
+        assert weights[end - len(value) : end] == [1.0 if d["searched"] else 0.0] * len(value)
         assert weights[end - len(value) - 1] == 1.0 and weights[end] == 1.0
 
 
