@@ -208,11 +208,17 @@ def format_results(
     return out
 
 
-def search_jobs(retriever: Any, jobs: Sequence[Job]) -> list[list[list[Any]]]:
-    """One encoder forward + one index search for all queries of `jobs`, results split back per job."""
+def search_jobs(retriever: Any, jobs: Sequence[Job], chunk: int = 64) -> list[list[list[Any]]]:
+    """Search all queries of `jobs`, `chunk` queries per encoder forward + index search (so a 4096-query request
+    holds one chunk's activations and candidate lists at a time), results split back per job."""
     queries = [q for job in jobs for q in job[0]]
     k = max(job[1] for job in jobs)
-    rows, scores = retriever.search(queries, k)
+    rows: list = []
+    scores: list = []
+    for start in range(0, len(queries), chunk):
+        r, s = retriever.search(queries[start : start + chunk], k)
+        rows.extend(r)
+        scores.extend(s)
     docs = retriever.docs([int(r) for per_query in rows for r in per_query])
     return format_results(jobs, rows, scores, docs)
 
@@ -231,7 +237,7 @@ def _add_searchr1_route(app: FastAPI, config: ServerConfig, retriever: Any) -> N
         # Like Search-R1: sync handler in the thread pool, one encode + search for this request alone.
         _check_token(config, authorization)
         job = check_limits(config, request.queries, request.topk, request.return_scores)
-        return {"result": search_jobs(retriever, [job])[0]}
+        return {"result": search_jobs(retriever, [job], config.batch_max)[0]}
 
 
 def share_cores(running: int) -> None:
@@ -250,7 +256,7 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
 
         def run_batch(jobs: list[Job]) -> list[bytes]:
             # Serialise on the search thread too: the event loop only moves bytes.
-            return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs)]
+            return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs, config.batch_max)]
 
         batcher = MicroBatcher(
             run_batch,

@@ -11,7 +11,7 @@ the encoder runs (torch and FAISS release the GIL). Dispatch is adaptive:
   the arrival rate times the batch latency, with no fixed window to tune.
 
 The wait is bounded by one batch's run time (plus `batch_wait_ms`), the batch by `batch_max` queries (a single
-job larger than that still runs whole, alone). Results are split back per job in submission order.
+job larger than that runs alone, searched in chunks of `batch_max`). Results are split back per job in order.
 
 With `workers=2` on a 2-core CPU, two batches can run at once, each on one core (the server's `on_start` hook sets
 the torch threads of the batch's thread: all cores for a lone batch, a share for concurrent ones). Measured with

@@ -24,12 +24,13 @@ class ServerConfig:
     host: str = "127.0.0.1"  # loopback unless told otherwise: Search-R1's server binds 0.0.0.0 with no auth
     port: int = 8000
     token: str | None = None  # bearer token; None = no auth (env RETRIEVER_TOKEN fills it in the CLI)
-    max_queries: int = 512  # queries per request
+    # queries per request: Search-R1's GRPO step sends 512 prompts x 5 = 2560 in one request; searched in chunks
+    max_queries: int = 4096
     max_query_chars: int = 4096  # characters per query (a 100 kB query is refused, not encoded)
     max_topk: int = 100
-    max_body_bytes: int = 1 << 20  # 1 MiB; checked on Content-Length and on the bytes actually received
+    max_body_bytes: int = 8 << 20  # 8 MiB; checked on Content-Length and on the bytes actually received
     default_topk: int = 3  # Search-R1's default when the client sends no topk
-    batch_max: int = 64  # queries per coalesced encoder forward (a request larger than this still runs whole)
+    batch_max: int = 64  # queries per coalesced search; a larger request is searched in chunks of this many
     batch_wait_ms: float = 0.0  # extra collection window when the search thread is idle (0 = dispatch at once)
     workers: int = 1  # batches searched at once, each on its own thread ("batched" mode; the CLI picks 2 on CPU)
     mode: str = "batched"  # "batched" (coalescing) | "searchr1" (baseline: sync handler, one search per request)

@@ -19,10 +19,6 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-ADV_ESTIMATORS = ("gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "mse", "low_var_kl")
-KL_SCHEDULES = ("constant", "linear")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 ENGINES = ("hf", "vllm")
 PLACEMENTS = ("colocate", "split")
 
@@ -159,7 +155,8 @@ class ActorConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; <= 1 disables dual-clip
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # Dr.GRPO: seq-mean-token-sum-norm
+    loss_scale_factor: int | None = None  # seq-mean-token-sum-norm's constant; None: rollout.max_response_length
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_type: str = "low_var_kl"
@@ -241,6 +238,11 @@ class RSearchConfig:
         return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
 
     @property
+    def loss_scale_factor(self) -> int:
+        """The constant of seq-mean-token-sum-norm: actor.loss_scale_factor, else the response budget."""
+        return self.actor.loss_scale_factor or self.rollout.max_response_length
+
+    @property
     def world_size(self) -> int:
         if self.trainer.device == "cuda":
             return self.trainer.nnodes * self.trainer.n_gpus_per_node
@@ -258,12 +260,25 @@ def _one_of(value: Any, allowed: tuple, key: str) -> None:
 
 def validate(cfg: RSearchConfig) -> RSearchConfig:
     """Raise ConfigError for impossible settings; return cfg unchanged otherwise."""
-    _one_of(cfg.algorithm.adv_estimator, ADV_ESTIMATORS, "algorithm.adv_estimator")
-    _one_of(cfg.algorithm.kl_penalty, KL_ESTIMATORS, "algorithm.kl_penalty")
-    _one_of(cfg.actor.kl_loss_type, KL_ESTIMATORS, "actor.kl_loss_type")
+    # the algorithm tables own their names: config accepts exactly what they implement
+    from rsearch_verl.algos.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
+    from rsearch_verl.algos.kl import KL_KINDS, KL_SCHEDULES
+    from rsearch_verl.algos.losses import LOSS_AGG_MODES
+
+    _one_of(cfg.algorithm.adv_estimator, tuple(ADVANTAGE_ESTIMATORS), "algorithm.adv_estimator")
+    _one_of(cfg.algorithm.kl_penalty, tuple(KL_KINDS), "algorithm.kl_penalty")
+    _one_of(cfg.actor.kl_loss_type, tuple(KL_KINDS), "actor.kl_loss_type")
     _one_of(cfg.algorithm.kl_schedule, KL_SCHEDULES, "algorithm.kl_schedule")
     _one_of(cfg.actor.loss_agg_mode, LOSS_AGG_MODES, "actor.loss_agg_mode")
     _one_of(cfg.critic.loss_agg_mode, LOSS_AGG_MODES, "critic.loss_agg_mode")
+    if cfg.actor.loss_scale_factor is not None:
+        _check(cfg.actor.loss_scale_factor > 0, "actor.loss_scale_factor", "must be > 0 (or null)")
+    if cfg.algorithm.adv_estimator in ("drgrpo", "dr_grpo") and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
+        logger.warning(
+            "Dr.GRPO advantages with actor.loss_agg_mode=%s: Dr.GRPO also drops the per-sequence length "
+            "normalisation (seq-mean-token-sum-norm, recipe search_r1_drgrpo)",
+            cfg.actor.loss_agg_mode,
+        )
     _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
@@ -272,8 +287,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
-    group_estimators = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
-    if cfg.algorithm.adv_estimator in group_estimators:
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
         _check(cfg.rollout.n >= 2, "rollout.n", f"{cfg.algorithm.adv_estimator} needs a group of >= 2 samples")
     n_traj = cfg.data.train_batch_size * cfg.rollout.n
     for role in ("actor", "critic"):

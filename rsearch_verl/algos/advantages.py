@@ -88,11 +88,13 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "gae": _gae,
     "grpo": _grpo,
     "drgrpo": _drgrpo,
-    "dr_grpo": _drgrpo,  # the spelling of the issue / Dr.GRPO paper; config.py validates "drgrpo"
+    "dr_grpo": _drgrpo,  # the same, spelled as the Dr.GRPO paper
     "rloo": _rloo,
     "reinforce_plus_plus": _reinforce_pp,
     "reinforce_plus_plus_baseline": _reinforce_pp_baseline,
 }
+# these compare the samples of one prompt: a group needs rollout.n >= 2
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 # these whiten over all policy tokens of the batch (verl's masked_whiten needs >= 2 of them)
 _WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 

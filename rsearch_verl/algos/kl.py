@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as verl_F
 
 # our name -> the name verl's `kl_penalty_forward` understands
 KL_KINDS: dict[str, str] = {
@@ -65,13 +66,15 @@ def apply_kl_penalty(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token rewards with the KL penalty folded in: `scores - beta * kl * mask` ([B, R]).
 
-    Returns (token_level_rewards [B, R], {"actor/reward_kl": masked mean KL per policy token}).
+    Returns (token_level_rewards [B, R], {"actor/reward_kl": ...}): the metric is verl's `current_kl`, the batch
+    mean of each trajectory's mean KL over its policy tokens (a trajectory without one counts as 0, as in verl).
     """
     kl = kl_estimate(old_log_probs, ref_log_prob, kind)
     mask_f = mask.to(kl.dtype)
     kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
     rewards = token_level_scores - beta * kl * mask_f
-    return rewards, {"actor/reward_kl": float(masked_token_mean(kl, mask_f))}
+    per_seq = verl_F.masked_mean(kl, mask_f, axis=-1)
+    return rewards, {"actor/reward_kl": float(per_seq.mean())}
 
 
 def kl_coef_at(step: int, total_steps: int, *, start: float, end: float, schedule: str) -> float:

@@ -7,6 +7,9 @@ Aggregation modes (`LOSS_AGG_MODES`):
     token-mean            sum over all policy tokens / number of policy tokens
     seq-mean-token-mean   mean over rows (that have a policy token) of the per-row token mean
     seq-mean-token-sum    mean over rows (that have a policy token) of the per-row token sum
+    seq-mean-token-sum-norm   seq-mean-token-sum / `loss_scale_factor` (a constant: the generation budget), the
+                          Dr.GRPO aggregation ("Understanding R1-Zero-Like Training"): no per-sequence length
+                          normalisation, so long and short answers weigh by their tokens
 These delegate to verl's `core_algos.agg_loss`; a mask with no token at all gives a loss of exactly 0.
 Every loss takes an optional `denominator` (the global count from `agg_denominator`, summed over micro-batches and
 ranks): then the sum of the micro-batch losses equals the loss of the whole mini-batch, whatever the split.
@@ -28,7 +31,7 @@ from verl.utils import torch_functional as verl_F
 
 from rsearch_verl.algos.kl import kl_estimate, masked_token_mean
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
@@ -51,14 +54,20 @@ def agg_denominator(mask: torch.Tensor, mode: str) -> float:
 
 
 def agg_loss(
-    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *, denominator: float | None = None
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    denominator: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a [B, R] per-token loss into a scalar (see the module docstring for the modes).
 
     `denominator` (optional) replaces the local count of `agg_denominator(mask, mode)`: pass the global count of a
     mini-batch split over micro-batches / ranks to get exactly the big-batch loss as a sum of the pieces.
     FSDP / DDP AVERAGE gradients over ranks, so a worker multiplies this loss by the world size (verl's `dp_size`)
-    to make the reduced gradient that of the summed loss.
+    to make the reduced gradient that of the summed loss. `loss_scale_factor` is the constant of
+    seq-mean-token-sum-norm (verl's: None there means the padded width of `mask`, which varies by micro-batch).
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {list(LOSS_AGG_MODES)}")
@@ -77,6 +86,7 @@ def agg_loss(
         loss_agg_mode=mode,
         batch_num_tokens=denominator,
         global_batch_size=denominator,
+        loss_scale_factor=loss_scale_factor,
     )
 
 
@@ -91,6 +101,7 @@ def policy_loss(
     clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "token-mean",
     denominator: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO surrogate `max(-A·ρ, -A·clip(ρ, 1-clip_ratio_low, 1+clip_ratio_high))`, all [B, R] inputs.
 
@@ -121,7 +132,7 @@ def policy_loss(
         clipfrac_lower = masked_token_mean(lower_hit.to(mask_f.dtype), mask_f)
         losses = torch.where(adv < 0, torch.minimum(losses, dual), losses)
 
-    loss = agg_loss(losses, mask_f, loss_agg_mode, denominator=denominator)
+    loss = agg_loss(losses, mask_f, loss_agg_mode, denominator=denominator, loss_scale_factor=loss_scale_factor)
     metrics = {
         "actor/pg_loss": float(loss.detach()),
         "actor/pg_clipfrac": float(clipfrac),
@@ -140,6 +151,7 @@ def value_loss(
     cliprange_value: float = 0.5,
     loss_agg_mode: str = "token-mean",
     denominator: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss `0.5 * agg(max((v - G)², (clip(v, v_old ± cliprange_value) - G)²))` over [B, R] inputs.
 
@@ -164,6 +176,7 @@ def value_loss(
             loss_agg_mode=loss_agg_mode,
             batch_num_tokens=denominator,
             global_batch_size=denominator,
+            loss_scale_factor=loss_scale_factor,
         )
     else:
         loss, clipfrac = agg_loss(values * 0.0, mask_f, loss_agg_mode), torch.zeros(())
@@ -188,6 +201,7 @@ def kl_loss(
     loss_agg_mode: str = "token-mean",
     *,
     denominator: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-to-reference loss (GRPO style): `agg(kl_estimate(log_prob, ref_log_prob, kind))` over policy tokens.
 
@@ -198,5 +212,6 @@ def kl_loss(
     # equal inputs at masked positions -> KL 0 there for every estimator, with a zero gradient
     ref_log_prob = torch.where(valid, ref_log_prob, log_prob.detach())
     kl = kl_estimate(log_prob, ref_log_prob, kind)
-    loss = agg_loss(kl, response_mask.to(kl.dtype), loss_agg_mode, denominator=denominator)
+    mask_f = response_mask.to(kl.dtype)
+    loss = agg_loss(kl, mask_f, loss_agg_mode, denominator=denominator, loss_scale_factor=loss_scale_factor)
     return loss, {"actor/kl_loss": float(loss.detach())}

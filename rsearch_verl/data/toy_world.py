@@ -363,6 +363,14 @@ def _publish(tmp: str, root: str, marker: str = "world.json") -> None:
 # ----------------------------------------------------------------------------------------------- tokenizer
 
 
+def _passage_format(proto) -> str:
+    """How `proto` writes one retrieved passage ("" for protocols without a passage list)."""
+    from rsearch_verl.rollout.protocols.base import Doc
+
+    fmt = getattr(proto, "format_docs", None)
+    return fmt([Doc("d", '"T"\nbody')]) if fmt else ""
+
+
 def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZER_VOCAB) -> str:
     """A small byte-level BPE tokenizer for the tiny policy, trained on the corpus, the questions and each
     protocol's prompt / tag / observation text, with the protocols' special tokens; cached; returns its dir.
@@ -375,8 +383,9 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
     from rsearch_verl.rollout.protocols import get_protocol
 
     names = sorted(set(protocols))
-    # the protocols' templates and special tokens are part of the key: editing a protocol retrains the tokenizer
+    # the protocols' templates, special tokens and passage format are part of the key: editing them retrains it
     fingerprint = [(n, get_protocol(n).special_tokens, get_protocol(n).build_prompt("Q?", "base")) for n in names]
+    fingerprint += [_passage_format(get_protocol(n)) for n in names]
     key = hashlib.sha1(json.dumps([fingerprint, vocab_size, GENERATOR_VERSION]).encode()).hexdigest()[:10]
     out = os.path.join(world.root, f"tokenizer_{key}")
     if os.path.exists(os.path.join(out, "tokenizer_config.json")):

@@ -2,8 +2,9 @@
 
     compute_rewards("research_f1", items)      # r = F1 if F1 > 0; 0.1 if F1 == 0 and format ok; else 0
 
-The answer is the last `\\boxed{…}` inside the last `<answer>` block of the policy text (or, with no answer
-block, the last `\\boxed{…}` anywhere in the policy text — the format check then fails). The paper's format
+The answer is the last `\\boxed{…}` inside the last `<answer>` block of the policy text, as Eq. 2 defines it
+("the final answer in \\boxed{}" of the answer) and as the protocol's `extract_answer` reads it: a box outside the
+answer block (a truncated "<think> maybe \\boxed{Paris}? let me search") is no answer. The paper's format
 check "mainly checks the correctness of tags and existence of \\boxed{} in the answer"; ours: every
 <think>/<search>/<answer> tag in the policy text is balanced and not nested, exactly one <answer> block which
 holds a `\\boxed{}` and ends the response, and no <result> tag written by the policy (a forged retrieval).
@@ -32,13 +33,19 @@ def format_ok(policy: str) -> bool:
     return count_boxed(extract_tag(policy, "answer")) >= 1
 
 
+def research_answer(policy: str) -> str | None:
+    """The `\\boxed{}` content of the last `<answer>` block of the policy text; None without one (the one rule the
+    reward and the ReSearch protocol share)."""
+    block = extract_tag(policy, "answer")
+    return extract_boxed(block) if block is not None else None
+
+
 @register("research_f1")
 def research_f1(items: list[RewardInput], judge_cfg: object = None) -> list[RewardResult]:
     results = []
     for item in items:
         policy = item.policy_text()
-        block = extract_tag(policy, "answer")
-        answer = extract_boxed(block) if block is not None else extract_boxed(policy)
+        answer = research_answer(policy)
         f1 = f1_score(answer, item.golds)
         fmt = format_ok(policy)
         score = f1 if f1 > 0 else (0.1 if fmt else 0.0)

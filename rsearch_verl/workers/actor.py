@@ -101,7 +101,7 @@ class ActorWorker(Worker):
     def _optimizer_step(self, minibatch: DataProto, kl_coef: float) -> dict[str, float]:
         """One optimizer step over a mini-batch, micro-batch by micro-batch; returns the step's metrics."""
         cfg = self.cfg.actor
-        mode = cfg.loss_agg_mode
+        mode, scale = cfg.loss_agg_mode, self.cfg.loss_scale_factor
         # the global denominator makes the sum of micro-batch losses over all ranks the mini-batch loss
         denom = global_denominator(minibatch.batch["loss_mask"], mode, self.device)
         self.optim.zero_grad(set_to_none=True)
@@ -120,14 +120,21 @@ class ActorWorker(Worker):
                 clip_ratio_c=cfg.clip_ratio_c,
                 loss_agg_mode=mode,
                 denominator=denom,
+                loss_scale_factor=scale,
             )
             if entropy is not None:
-                ent = agg_loss(entropy, mask, mode, denominator=denom)
+                ent = agg_loss(entropy, mask, mode, denominator=denom, loss_scale_factor=scale)
                 loss = loss - cfg.entropy_coeff * ent
                 m["actor/entropy"] = float(ent.detach())
             if cfg.use_kl_loss:
                 kl, kl_m = kl_loss(
-                    log_prob, t["ref_log_prob"], mask, kind=cfg.kl_loss_type, loss_agg_mode=mode, denominator=denom
+                    log_prob,
+                    t["ref_log_prob"],
+                    mask,
+                    kind=cfg.kl_loss_type,
+                    loss_agg_mode=mode,
+                    denominator=denom,
+                    loss_scale_factor=scale,
                 )
                 loss = loss + kl_coef * kl
                 m.update(kl_m)

@@ -97,6 +97,7 @@ class CriticWorker(Worker):
                 cliprange_value=cfg.cliprange_value,
                 loss_agg_mode=cfg.loss_agg_mode,
                 denominator=denom,
+                loss_scale_factor=self.cfg.loss_scale_factor,
             )
             (loss * world_size()).backward()  # undo FSDP's gradient average: the denominator is already global
             parts.append(m)

@@ -49,7 +49,8 @@ def test_apply_kl_penalty_masks_and_reports():
     rewards, metrics = apply_kl_penalty(scores, old, ref, mask, beta=0.1, kind="k1")
     kl = torch.tensor([[0.5, -1.0, 0.0, -0.5], [1.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(rewards, scores - 0.1 * kl)
-    assert metrics == {"actor/reward_kl": pytest.approx((0.5 - 1.0 - 0.5 + 1.0 + 0.0) / 5)}
+    # verl's definition: the mean over trajectories of each one's mean over its policy tokens
+    assert metrics == {"actor/reward_kl": pytest.approx(((0.5 - 1.0 - 0.5) / 3 + (1.0 + 0.0) / 2) / 2)}
     empty, m = apply_kl_penalty(scores, old, ref, torch.zeros_like(mask), beta=0.1, kind="k3")
     torch.testing.assert_close(empty, scores)
     assert m["actor/reward_kl"] == 0.0
@@ -89,3 +90,25 @@ def test_apply_kl_penalty_matches_verl_on_policy_tokens(kind):
     torch.testing.assert_close(rewards, expected)
     if kind == "k1":
         torch.testing.assert_close(rewards, core_algos.compute_rewards(scores, old * mask, ref * mask, 0.05))
+
+
+def test_reward_kl_metric_equals_verls():
+    """`actor/reward_kl` is exactly verl's `actor/reward_kl_penalty` (ray_trainer.apply_kl_penalty) on one batch."""
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import FixedKLController
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty as verl_apply_kl_penalty
+
+    gen = torch.Generator().manual_seed(3)
+    old, ref = -torch.rand(6, 9, generator=gen) * 3, -torch.rand(6, 9, generator=gen) * 3
+    lengths = torch.tensor([9, 1, 4, 0, 7, 2])
+    mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
+    scores = torch.zeros(6, 9)
+    batch = TensorDict(
+        {"response_mask": mask, "token_level_scores": scores, "old_log_probs": old, "ref_log_prob": ref},
+        batch_size=[6],
+    )
+    _, verl_metrics = verl_apply_kl_penalty(DataProto(batch=batch), FixedKLController(0.1), kl_penalty="kl")
+    rewards, metrics = apply_kl_penalty(scores, old, ref, mask, beta=0.1, kind="k1")
+    assert metrics["actor/reward_kl"] == pytest.approx(verl_metrics["actor/reward_kl_penalty"], abs=1e-7)
+    torch.testing.assert_close(rewards, scores - 0.1 * (old - ref) * mask)

@@ -37,6 +37,8 @@ def test_agg_modes_by_hand():
     assert agg_loss(loss, mask, "token-mean").item() == pytest.approx((1 + 2 + 6) / 3)
     assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((1.5 + 6) / 2)
     assert agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((3 + 6) / 2)
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx((3 + 6) / 2 / 3)  # width 3
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=512).item() == pytest.approx(4.5 / 512)
     for mode in LOSS_AGG_MODES:
         empty = agg_loss(loss.requires_grad_(), torch.zeros_like(mask), mode)
         assert empty.item() == 0.0 and empty.requires_grad
@@ -195,3 +197,36 @@ def test_kl_loss_matches_verl(kind, mode):
     loss, _ = kl_loss(new, ref, mask, kind, mode)
     expected = core_algos.agg_loss(core_algos.kl_penalty(new, ref, kind), mask, mode)
     torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_drgrpo_aggregation_matches_verls_agg_loss(seed):
+    """Dr.GRPO's seq-mean-token-sum-norm with a constant scale: our agg_loss (whole batch, and summed over a
+    micro-batch split with the global denominator) equals verl's `agg_loss` in that mode, value and gradient."""
+    new, _, _, mask = masked_inputs(seed, batch=8, length=12)
+    mine = new.clone().requires_grad_()
+    theirs = new.clone().requires_grad_()
+    ours = agg_loss(mine, mask, "seq-mean-token-sum-norm", loss_scale_factor=512)
+    ref = core_algos.agg_loss(theirs, mask, "seq-mean-token-sum-norm", loss_scale_factor=512)
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-7)
+    ours.backward()
+    ref.backward()
+    torch.testing.assert_close(mine.grad, theirs.grad)
+    # micro-batches, each padded only to its own longest row: the constant scale makes their sum the batch loss
+    denom = agg_denominator(mask, "seq-mean-token-sum-norm")
+    total = 0.0
+    for rows in (slice(0, 3), slice(3, 6), slice(6, 8)):
+        width = int(mask[rows].nonzero()[:, 1].max()) + 1 if mask[rows].any() else 1
+        piece = agg_loss(
+            new[rows, :width], mask[rows, :width], "seq-mean-token-sum-norm", denominator=denom, loss_scale_factor=512
+        )
+        total += piece.item()
+    assert total == pytest.approx(ref.item(), abs=1e-6)
+
+
+def test_drgrpo_recipe_selects_its_aggregation():
+    from rsearch_verl.config import load_config
+
+    cfg = load_config(["+recipe=search_r1_drgrpo"])
+    assert cfg.algorithm.adv_estimator == "drgrpo" and cfg.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert cfg.loss_scale_factor == cfg.rollout.max_response_length

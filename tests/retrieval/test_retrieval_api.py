@@ -109,3 +109,17 @@ def test_searchr1_mode_matches_batched(minilm_server, searchr1_server, retrieval
     for da, db in zip(a, b, strict=True):
         assert [d["score"] for d in da] == pytest.approx([d["score"] for d in db], abs=1e-4)
     assert searchr1_server.health()["mode"] == "searchr1"
+
+
+def test_search_r1_grpo_request_in_one_piece(bm25_server, retrieval_corpus):
+    """Search-R1's GRPO step: 512 prompts x 5 rollouts = 2560 queries in ONE request, answered 200 whole, and the
+    chunked search gives each query the same passages as a request of its own."""
+    pairs = retrieval_corpus[1]
+    queries = [pairs[i % len(pairs)][0] for i in range(2560)]
+    out = _post(bm25_server.url, {"queries": queries, "topk": 3, "return_scores": True})
+    assert len(out["result"]) == 2560 and all(len(docs) == 3 for docs in out["result"])
+    alone = _post(bm25_server.url, {"queries": queries[:5], "topk": 3, "return_scores": True})["result"]
+    ids = [[d["document"]["id"] for d in docs] for docs in out["result"]]
+    assert ids[:5] == [[d["document"]["id"] for d in docs] for docs in alone]
+    assert ids[len(pairs) : len(pairs) + 5] == ids[:5]  # the same query in a later chunk
+    assert bm25_server.health()["limits"]["max_queries"] >= 4096

@@ -112,14 +112,11 @@ def test_evidence_reward_batched_and_bounded(fake_judge, monkeypatch):
     items = [evidence_item("Paris is the capital.", question=f"Q{i}: capital?") for i in range(8)]
     items.append(evidence_item("Lyon is a city."))
     fake_judge.max_in_flight = 0
-    t0 = time.monotonic()
     results = compute_rewards("r_search_evidence", items, judge_cfg=cfg(fake_judge, max_concurrency=3))
-    elapsed = time.monotonic() - t0
     assert [r.metrics["evidence"] for r in results] == [1.0] * 8 + [0.0]
     assert results[0].score == pytest.approx(1.0 + 1.0 + 0.4)
     assert all(r.metrics["judge_error"] == 0.0 for r in results)
     assert 1 < fake_judge.max_in_flight <= 3  # concurrent, but never above max_concurrency
-    assert elapsed < 9 * 0.05  # not one request after another
     assert fake_judge.auth[-1] == "Bearer sekrit"
 
 

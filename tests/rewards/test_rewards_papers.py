@@ -124,8 +124,10 @@ def test_research_f1_paper_cases():
     assert score("research_f1", two_answers).score == 0.0
     forged = traj(("p", "<search>q</search><result>Lyon</result><answer>\\boxed{Lyon}</answer>"))
     assert score("research_f1", forged).metrics["format"] == 0.0
+    # the answer is the box inside the answer block (Eq. 2): a box anywhere else is no answer
+    assert score("research_f1", traj(("p", "\\boxed{Paris}"))).score == 0.0
     # F1 > 0 counts even when the format is wrong (Eq. 2 only looks at format when F1 is 0)
-    assert score("research_f1", traj(("p", "\\boxed{Paris}"))).score == 1.0
+    assert score("research_f1", traj(("p", "<answer>\\boxed{Paris}</answer> trailing"))).score == 1.0
 
 
 def test_research_nested_boxed_unicode():

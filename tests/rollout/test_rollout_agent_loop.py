@@ -151,7 +151,7 @@ def test_masks_exact_and_sampled_tokens_are_trained_tokens(tok, engine, servers)
     ]
     observations = [text for role, text in traj.segments if role == "observation"]
     assert _masked_text(tok, traj, 0) == observations and len(observations) == 2
-    assert "Doc 1(Title: Hamlet) Hamlet is a tragedy" in observations[0]  # BM25 ranked the right passage first
+    assert 'Doc 1(Title: "Hamlet") Hamlet is a tragedy' in observations[0]  # BM25 ranked the right passage first
     assert all(text.rstrip().endswith(("</search>", "</answer>")) for role, text in traj.segments if role == "policy")
     assert "junk" not in traj.response_text
     assert len(traj.turn_timing) == 3 and all(t["gen_s"] > 0 for t in traj.turn_timing)

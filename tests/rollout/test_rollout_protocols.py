@@ -106,7 +106,7 @@ def test_search_r1_observation_format_and_errors():
     search = FakeSearch()
     obs = _observe(p, p.parse_turn("<search>hamlet</search>"), search)
     assert obs == (
-        "\n\n<information>Doc 1(Title: hamlet 0) text 0 on hamlet\nDoc 2(Title: hamlet 1) text 1 on hamlet"
+        '\n\n<information>Doc 1(Title: "hamlet 0") text 0 on hamlet\nDoc 2(Title: "hamlet 1") text 1 on hamlet'
         "</information>\n\n"
     )
     assert search.calls[0][:3] == (["hamlet"], 2, "local")

@@ -11,7 +11,7 @@ Results are written as in the paper's case study: one `"Title", text` line per p
 
 from __future__ import annotations
 
-from rsearch_verl.rewards.formats import extract_boxed, extract_tag
+from rsearch_verl.rewards.research import research_answer
 from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
 
@@ -61,5 +61,4 @@ class ReSearchProtocol(TagSearchProtocol):
 
     def extract_answer(self, response_text: str) -> str | None:
         """`\\boxed{}` content of the last `<answer>` block; None without a box (the paper scores only boxed)."""
-        block = extract_tag(self.policy_text(response_text), self.answer_tag)
-        return extract_boxed(block) if block is not None else None
+        return research_answer(self.policy_text(response_text))

@@ -8,7 +8,7 @@ R-Search subclass it and change only tags, templates and the document format).
     proto.build_prompt("who wrote hamlet?")               # the paper's Table 1 template (base models)
     proto.build_prompt("who wrote hamlet?", "instruct")   # the same text as a user chat message
     proto.parse_turn("<think>…</think><search> hamlet author </search>")  # Action(kind="search", queries=[…])
-    await proto.observe(action, search, topk=3)  # '\\n\\n<information>Doc 1(Title: Hamlet) …</information>\\n\\n'
+    await proto.observe(action, search, topk=3)  # '\\n\\n<information>Doc 1(Title: "Hamlet") …</information>\\n\\n'
 """
 
 from __future__ import annotations
@@ -73,8 +73,14 @@ class TagSearchProtocol(SearchProtocol):
         )
 
     def format_docs(self, docs: list[Doc]) -> str:
-        """Search-R1's passage format: 'Doc i(Title: t) text' lines (no trailing newline before the closing tag)."""
-        return "\n".join(f"Doc {i}(Title: {d.title}) {d.text}" for i, d in enumerate(docs, 1))
+        """Search-R1's passage text, byte for byte as its released rollout writes it: per passage
+        'Doc i(Title: <first line of contents, as is>) <the other lines>' and a newline, the whole stripped. With the
+        Wikipedia corpus's '"Title"\\ntext' contents the title keeps its quotes: 'Doc 1(Title: "Hamlet") text'."""
+        text = ""
+        for i, d in enumerate(docs, 1):
+            title, _, body = d.contents.partition("\n")
+            text += f"Doc {i}(Title: {title}) {body}\n"
+        return text.strip()
 
     async def observe(self, action: Action, search: SearchFn, topk: int) -> str:
         if action.kind == "invalid":
