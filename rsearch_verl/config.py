@@ -110,6 +110,7 @@ class RetrieverConfig:
     index_type: str = "flat"  # flat | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank | sq8 (docs/retriever.md)
     corpus: str | None = None  # JSONL corpus; None with data.source=toy_world = the toy world's corpus
     index_dir: str | None = None  # None: built under the toy world cache
+    corpus_name: str | None = None  # a label the eval protocol card compares with the papers' (wiki-2018, ...)
     topk: int = 3
     timeout_s: float = 10.0
     max_retries: int = 3

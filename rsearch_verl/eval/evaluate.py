@@ -5,6 +5,8 @@ checkpoint runs in the recipe's rollout engine (HF on CPU, vLLM on GPU) through 
 training, greedy by default, against the recipe's retriever (`retriever.url`, or a server started for the run).
 Per dataset and on average: EM, F1, cover-EM (answer contains a gold), searches per question, and the recipe's
 reward (which may call a judge). Every example goes to `<out>/<dataset>.jsonl`; the table to `<out>/results.json`.
+Under the table it prints the protocol card (eval/protocol_card.py, also in `<out>/protocol_card.txt`): each paper's
+datasets, split sizes, corpus, retriever, top-k and metric, with every setting of this run that differs flagged.
 
     python -m rsearch_verl.eval --checkpoint outputs/run/checkpoints/step_000020/actor/hf \
         --data data/nq_test.parquet data/hotpotqa_test.parquet --out outputs/eval_run \
@@ -26,6 +28,7 @@ import numpy as np
 
 from rsearch_verl.config import RSearchConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.eval.protocol_card import format_card, run_settings
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 
 logger = logging.getLogger(__name__)
@@ -111,7 +114,8 @@ def _datasets(args, cfg: RSearchConfig, tokenizer) -> tuple[dict[str, PromptData
     return out, cfg.retriever.corpus, cfg.retriever.index_dir
 
 
-def run_eval(args, overrides: list[str]) -> dict[str, dict[str, float]]:
+def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], str]:
+    """Evaluate every dataset; return the scores table and the protocol card of this run's settings."""
     from rsearch_verl.models import load_model, load_tokenizer
     from rsearch_verl.rollout.engines import make_engine
     from rsearch_verl.rollout.protocols import get_protocol
@@ -144,7 +148,19 @@ def run_eval(args, overrides: list[str]) -> dict[str, dict[str, float]]:
     table = summarise(per_dataset)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(table, f, indent=2)
-    return table
+    card = format_card(run_settings(cfg, _sizes_by_source(per_dataset)))
+    with open(os.path.join(args.out, "protocol_card.txt"), "w") as f:
+        f.write(card + "\n")
+    return table, card
+
+
+def _sizes_by_source(per_dataset: dict[str, list[dict]]) -> dict[str, int]:
+    """Examples per dataset, named by the rows' data_source (the dataset, whatever the file is called)."""
+    sizes: dict[str, int] = {}
+    for rows in per_dataset.values():
+        for row in rows:
+            sizes[row["data_source"]] = sizes.get(row["data_source"], 0) + 1
+    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +184,6 @@ def main(argv: list[str] | None = None) -> dict:
     if not any(o.startswith("+recipe=") for o in overrides):
         overrides = ["+recipe=search_r1_ppo", *overrides]
     greedy = ["rollout.val_temperature=0.0", "rollout.val_n=1", f"data.val_max_samples={args.max_samples}"]
-    table = run_eval(args, [*greedy, *overrides])
-    print(format_table(table))  # noqa: T201 - the CLI's output
+    table, card = run_eval(args, [*greedy, *overrides])
+    print(format_table(table) + "\n\n" + card)  # noqa: T201 - the CLI's output
     return table

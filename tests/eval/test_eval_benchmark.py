@@ -45,6 +45,10 @@ def test_eval_cli_table_for_two_datasets(tmp_path):
     assert {"nq_test", "hotpotqa_dev", "average"} <= set(names), done.stdout
     header = next(cols for cols in table_lines if cols and cols[0] == "dataset")
     assert header[1:] == ["n", "em", "f1", "cover_em", "searches", "reward"]
+    # the protocol card under the table: every paper's setting, this run's differences flagged
+    card = (out / "protocol_card.txt").read_text().strip()
+    assert card in done.stdout and card.count("\n- ") == 5
+    assert "this run: hotpotqa 3, nq 3" in card and "DIFFERS: hotpotqa: 3 examples, the paper 7405" in card
     results = json.loads((out / "results.json").read_text())
     assert results["nq_test"]["n"] == 3 and results["hotpotqa_dev"]["n"] == 3 and results["average"]["n"] == 6
     for name in ("nq_test", "hotpotqa_dev"):
