@@ -6,8 +6,8 @@ question, then keep the questions whose pass count lies in a band. R1-Searcher t
 questions and stage 2 on medium + hard ones; `difficulty_level` names the bands by pass rate.
 Curriculum ordering sorts rows from easy to hard by a key (hops, pass rate, DAG nodes, ...), stably.
 
-Rollout dumps are JSONL lines of the DESIGN.md contract; the question is identified by `index` (the prompt
-row's id) when the line carries it, else by `question`, else by the rendered `prompt` text.
+Rollout dumps are JSONL lines of the dump contract (docs/architecture.md); the question is identified by `index`
+(the prompt row's id) when the line carries it, else by `question`, else by the rendered `prompt` text.
 
 Usage:
     counts = count_passes(["run/rollouts"], pass_threshold=1.0)   # {question key: (passes, rollouts)}

@@ -1,8 +1,8 @@
 """Learning-curve PNGs for a run directory: reward, validation EM, response length, searches, KL.
 
-Reads `<run_dir>/metrics.jsonl` (DESIGN.md's run-directory contract) and writes `<run_dir>/plots/<name>.png`
-with matplotlib's Agg backend (no display needed). A plot whose metric never appears in the file is skipped and
-the skip is logged, so a run without validation or without KL still gets the other curves.
+Reads `<run_dir>/metrics.jsonl` (the run-directory contract of docs/architecture.md) and writes
+`<run_dir>/plots/<name>.png` with matplotlib's Agg backend (no display needed). A plot whose metric never appears
+in the file is skipped and the skip is logged, so a run without validation or without KL still gets the other curves.
 
     python -m rsearch_verl.eval.plots RUN_DIR          # CLI; prints the written paths
     paths = make_plots(run_dir)                        # what the trainer calls at the end of a run

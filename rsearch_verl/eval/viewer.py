@@ -3,11 +3,11 @@
     python -m rsearch_verl.eval.viewer RUN_DIR                     # last step -> RUN_DIR/rollouts/step_<N>.html
     python -m rsearch_verl.eval.viewer RUN_DIR --step 3 --out page.html [--tokenizer DIR]
 
-Reads `RUN_DIR/rollouts/step_<N>.jsonl` (DESIGN.md's dump line: prompt, response, response_ids, response_mask,
-reward, n_searches, ground_truth, ...). Observation spans (mask 0, inserted by the environment) are shown in
-`<span class="obs">` with a grey background, policy tokens plain. The spans come from the dump's `segments` field
-when present (`[[text, 0|1], ...]`; the agent loop's `[role, text]` pairs work too); otherwise each contiguous run
-of equal `response_mask` is decoded with the run's tokenizer (`--tokenizer DIR`, else `config.yaml` ->
+Reads `RUN_DIR/rollouts/step_<N>.jsonl` (docs/architecture.md's dump line: prompt, response, response_ids,
+response_mask, reward, n_searches, ground_truth, ...). Observation spans (mask 0, inserted by the environment) are
+shown in `<span class="obs">` with a grey background, policy tokens plain. The spans come from the dump's
+`segments` field when present (`[[text, 0|1], ...]`; the agent loop's `[role, text]` pairs work too); otherwise each
+contiguous run of equal `response_mask` is decoded with the run's tokenizer (`--tokenizer DIR`, else `config.yaml` ->
 `model.tokenizer_path` / `model.path`; nothing is downloaded); without either the response is shown unmarked.
 
 The page has inline CSS and JS only (no external resources) and every piece of text is HTML-escaped, so a

@@ -1,4 +1,4 @@
-"""R-Search NL-DAG reward (seeds/000, Eq. 3): 0.25·format + 0.25·DAG validity + 0.5·answer.
+"""R-Search NL-DAG reward (the R-Search NL-DAG paper, Eq. 3): 0.25·format + 0.25·DAG validity + 0.5·answer.
 
     compute_rewards("r_search_dag", items, judge_cfg=cfg.reward.judge)    # the paper: LLM judge for answers
     compute_rewards("r_search_dag", items, judge="f1")                    # offline stand-in: answer token F1

@@ -1,4 +1,4 @@
-"""R1-Searcher rewards (seeds/002, Eq. 1-4): stage 1 = retrieval + format, stage 2 = answer F1 + format penalty.
+"""R1-Searcher rewards (paper Eq. 1-4): stage 1 = retrieval + format, stage 2 = answer F1 + format penalty.
 
     compute_rewards("r1_searcher_stage1", items)   # 0.5·[searched at least once] + 0.5·[format ok]
     compute_rewards("r1_searcher_stage2", items)   # F1(answer, gold) + (0 if format ok else -2)

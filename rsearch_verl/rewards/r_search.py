@@ -1,4 +1,4 @@
-"""R-Search multi-reward (seeds/001, Eq. 3-8): answer F1 + evidence reward + format reward.
+"""R-Search multi-reward (the R-Search multi-reward paper, Eq. 3-8): answer F1 + evidence reward + format reward.
 
     compute_rewards("r_search_evidence", items, judge_cfg=cfg.reward.judge)   # the paper (cross-family judge)
     compute_rewards("r_search_evidence", items, judge="f1")                   # offline stand-in, NOT the paper's

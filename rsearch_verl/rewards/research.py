@@ -1,4 +1,4 @@
-"""ReSearch reward (seeds/004, Eq. 2): F1 of the `\\boxed{}` answer; 0.1 when F1 is 0 but the format is right.
+"""ReSearch reward (the ReSearch paper, Eq. 2): F1 of the `\\boxed{}` answer; 0.1 when F1 is 0 but the format is right.
 
     compute_rewards("research_f1", items)      # r = F1 if F1 > 0; 0.1 if F1 == 0 and format ok; else 0
 

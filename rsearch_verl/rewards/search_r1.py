@@ -1,4 +1,4 @@
-"""Search-R1 reward (seeds/003): exact match of the last `<answer>` in the policy text.
+"""Search-R1 reward (the Search-R1 paper): exact match of the last `<answer>` in the policy text.
 
     compute_rewards("search_r1_em", items)                       # the paper: score = EM ∈ {0, 1}
     compute_rewards("search_r1_em", items, format_shaped=True)   # the released code's v0.3 format-shaped variant

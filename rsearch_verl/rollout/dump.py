@@ -1,4 +1,4 @@
-"""Rollout dump: one JSON line per trajectory, in DESIGN.md's contract, for the viewer and for debugging.
+"""Rollout dump: one JSON line per trajectory (docs/architecture.md's contract), for the viewer and debugging.
 
     write_rollout_dump("outputs/run/rollouts/step_3.jsonl", batch, tokenizer)
 

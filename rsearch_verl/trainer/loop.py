@@ -1,6 +1,6 @@
 """The training loop: the single controller that drives the worker groups one step at a time.
 
-`Trainer.train_step` is the step of DESIGN.md, one commented call per phase:
+`Trainer.train_step` is the step of docs/architecture.md, one commented call per phase:
 generate (search-aware rollout) → reward → old log-probs → reference log-probs → values → advantages →
 critic update → actor update → weight sync → rollout dump. `fit` adds validation (before the first update, every
 `trainer.test_freq` steps and at the end), metrics, atomic checkpoints every `trainer.save_freq` steps and at the

@@ -32,7 +32,7 @@ def _rows(n: int = 6) -> list[dict]:
 
 
 def _write_dump(path, passes: dict[str, int], n: int, key: str = "index") -> None:
-    """A rollout dump in the DESIGN.md line format, question `qi` passing passes[qi] of n times."""
+    """A rollout dump in the line format of docs/architecture.md, question `qi` passing passes[qi] of n times."""
     with open(path, "w") as f:
         for qid, p in passes.items():
             for j in range(n):

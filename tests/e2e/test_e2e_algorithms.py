@@ -1,6 +1,6 @@
 """Every recipe (PPO, GRPO and REINFORCE++ among them) trains 2 steps end to end on CPU through Ray: the main job as a
 subprocess with a tiny Qwen2 built from a config, the toy world and the recipe's own retrieval server (real uvicorn).
-Checks the run directory contract of DESIGN.md and that the policy's parameters really moved."""
+Checks the run directory contract of docs/architecture.md and that the policy's parameters really moved."""
 
 import json
 import os

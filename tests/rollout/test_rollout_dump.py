@@ -1,4 +1,4 @@
-"""Rollout dump: DESIGN.md's line contract, padding removed, masks exact, atomic write into new directories.
+"""Rollout dump: docs/architecture.md's line contract, padding removed, masks exact, atomic write into new directories.
 
 The batch comes from the real agent loop (scripted HF engine, tiny Qwen2) searching the real BM25 retrieval server
 of conftest.py, so the dump is checked on exactly what the trainer would write.
