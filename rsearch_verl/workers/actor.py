@@ -9,7 +9,7 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
     generate_sequences(prompts)        the search-aware rollout on this rank's prompts (colocated only)
     sync_rollout_weights()             full state dict -> this process's engine (colocated only)
     full_state_dict()                  the gathered weights (split placement: the driver ships them)
-    save_checkpoint(dir) / load_checkpoint(dir)   per-rank shards + optimizer + scheduler + RNG; HF export in dir/hf
+    save_checkpoint(dir) / load_checkpoint(dir)   reshardable (DCP) model + optimizer, scheduler, RNG; dir/hf export
 
 Every loss reads the batch's `loss_mask` (written once by the driver, rsearch_verl/batch.py): with masking on,
 observation tokens carry no loss and no gradient.
@@ -28,7 +28,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.workers import fsdp
+from rsearch_verl.workers import fsdp, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     global_denominator,
     mean_metrics,
@@ -168,14 +168,14 @@ class ActorWorker(Worker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, ckpt_dir: str):
-        fsdp.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+        sharded_checkpoint.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
         state = fsdp.full_state_dict(self.model)
         if self.rank == 0:  # a Hugging Face directory any tool (eval, vLLM, transformers) can load
             _export_hf(self.cfg, self.tokenizer, state, os.path.join(ckpt_dir, "hf"))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, ckpt_dir: str):
-        fsdp.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+        sharded_checkpoint.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
 
 
 def _export_hf(cfg, tokenizer, state: dict[str, torch.Tensor], out_dir: str) -> None:

@@ -19,7 +19,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.workers import fsdp
+from rsearch_verl.workers import fsdp, sharded_checkpoint
 from rsearch_verl.workers.forward import global_denominator, mean_metrics, response_values, split_rows, world_size
 from rsearch_verl.workers.rollout import build_policy
 
@@ -108,8 +108,8 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, ckpt_dir: str):
-        fsdp.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+        sharded_checkpoint.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, ckpt_dir: str):
-        fsdp.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+        sharded_checkpoint.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)

@@ -1,5 +1,5 @@
 """FSDP2 plumbing shared by the actor, critic and rollout workers: process group, sharding, optimizer, LR
-schedule, gradient clipping, full state-dict gather, RNG state and per-rank checkpoints.
+schedule, gradient clipping, full state-dict gather and RNG state (checkpoints: sharded_checkpoint.py).
 
 The same code runs on CPU (gloo) and GPU (NCCL); only the backend and device differ. verl's `RayWorkerGroup`
 sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT for every worker, so `init_distributed` only reads them.
@@ -9,7 +9,6 @@ Usage (inside a worker process):
     model = shard_model(load_model(cfg.model, tok, seed=cfg.seed), device)
     optim, sched = build_optimizer(model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
     ...
-    save_checkpoint(dir, model, optim, sched)      # every rank writes its own shard
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -136,81 +133,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _to_local(obj):
-    """Replace every DTensor in a nested state dict by its local shard (plain tensors pickle portably)."""
-    if isinstance(obj, DTensor):
-        return obj.to_local().detach().cpu().clone()
-    if isinstance(obj, dict):
-        return {k: _to_local(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to_local(v) for v in obj)
-    return obj
-
-
-def _from_local(template, saved):
-    """Rebuild DTensors shaped like `template` from the local shards in `saved`."""
-    if isinstance(template, DTensor):
-        local = saved.to(template.to_local().device)
-        return DTensor.from_local(
-            local, template.device_mesh, template.placements, shape=template.shape, stride=template.stride()
-        )
-    if isinstance(template, dict):
-        return {k: _from_local(template[k], saved[k]) if k in template else saved[k] for k in saved}
-    if isinstance(saved, torch.Tensor) and isinstance(template, torch.Tensor):
-        return saved.to(template.device)
-    return saved
-
-
-def _shard_path(ckpt_dir: str) -> str:
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return os.path.join(ckpt_dir, f"shard_rank{rank}_of{world}.pt")
-
-
-def save_checkpoint(ckpt_dir: str, model, optim=None, sched=None, extra: dict | None = None) -> str:
-    """Every rank writes its model/optimizer shards, LR scheduler and RNG state to `ckpt_dir`."""
-    os.makedirs(ckpt_dir, exist_ok=True)
-    if optim is not None:
-        model_sd, optim_sd = get_state_dict(model, optim)
-    else:
-        model_sd, optim_sd = get_model_state_dict(model), None
-    state = {
-        "model": _to_local(model_sd),
-        "optim": _to_local(optim_sd) if optim_sd is not None else None,
-        "sched": sched.state_dict() if sched is not None else None,
-        "rng": get_rng_state(),
-        "extra": extra or {},
-    }
-    path = _shard_path(ckpt_dir)
-    torch.save(state, path)
-    if dist.is_initialized():
-        dist.barrier()
-    return path
-
-
-def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
-    """Inverse of `save_checkpoint` (same world size); returns the saved `extra` dict."""
-    path = _shard_path(ckpt_dir)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint shard {path} (was it written with a different world size?)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if optim is not None:
-        # get_state_dict initialises empty optimizer state, so the templates hold every DTensor we need
-        model_t, optim_t = get_state_dict(model, optim)
-        set_state_dict(
-            model,
-            optim,
-            model_state_dict=_from_local(model_t, state["model"]),
-            optim_state_dict=_from_local(optim_t, state["optim"]),
-        )
-    else:
-        model.load_state_dict(_from_local(get_model_state_dict(model), state["model"]))
-    if sched is not None and state["sched"] is not None:
-        sched.load_state_dict(state["sched"])
-    set_rng_state(state["rng"])
-    return state["extra"]
 
 
 def split_minibatches(n: int, mini: int, micro: int) -> list[list[range]]:

@@ -1,0 +1,93 @@
+"""Reshardable worker checkpoints: model and optimizer through torch.distributed.checkpoint (DCP).
+
+DCP stores every parameter and optimizer state with its global shape and the slice each rank held, so a checkpoint
+written by N FSDP ranks loads on M ranks (1 -> 2 workers, 8 -> 16 GPUs): each rank reads the slices its new shard
+needs. Beside it each rank writes a small `rank<r>.pt` with its LR-scheduler state and RNG state. The checkpoint
+directory itself is made atomic by the driver (trainer/checkpoint.py writes into a temporary directory and renames).
+
+    <ckpt_dir>/dcp/          DCP files (.metadata + one data file per writing rank)
+    <ckpt_dir>/rank<r>.pt    {"sched", "rng", "extra", "world_size"} of rank r
+
+Usage (inside a worker, every rank calls both; they are collective):
+    save_checkpoint(ckpt_dir, model, optim, sched)
+    extra = load_checkpoint(ckpt_dir, model, optim, sched)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from rsearch_verl.workers.fsdp import get_rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
+
+DCP_DIR = "dcp"
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _state(model, optim) -> dict:
+    """The DCP state dict: the model's (and optimizer's) sharded tensors, keyed by fully qualified name."""
+    if optim is None:
+        return {"model": get_model_state_dict(model)}
+    # get_state_dict also initialises an optimizer that has not stepped yet, so loading has a full template
+    model_sd, optim_sd = get_state_dict(model, optim)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_checkpoint(ckpt_dir: str, model, optim=None, sched=None, extra: dict | None = None) -> str:
+    """Write the model/optimizer (DCP, reshardable) and this rank's scheduler + RNG state into `ckpt_dir`."""
+    rank, world = _rank_world()
+    os.makedirs(ckpt_dir, exist_ok=True)
+    dcp.save(_state(model, optim), checkpoint_id=os.path.join(ckpt_dir, DCP_DIR))
+    local = {
+        "sched": sched.state_dict() if sched is not None else None,
+        "rng": get_rng_state(),
+        "extra": extra or {},
+        "world_size": world,
+    }
+    torch.save(local, os.path.join(ckpt_dir, f"rank{rank}.pt"))
+    if dist.is_initialized():
+        dist.barrier()
+    return ckpt_dir
+
+
+def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
+    """Inverse of `save_checkpoint`, at any world size; returns the saved `extra` dict.
+
+    A rank that did not exist when the checkpoint was written takes rank 0's scheduler state (the same on every
+    rank) and keeps its own RNG state (seeded at start-up), with a warning."""
+    path = os.path.join(ckpt_dir, DCP_DIR)
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"no DCP checkpoint in {path}")
+    state = _state(model, optim)
+    dcp.load(state, checkpoint_id=path)  # in place, each rank reading the slices of its own shards
+    if optim is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    rank, world = _rank_world()
+    own = os.path.join(ckpt_dir, f"rank{rank}.pt")
+    local = torch.load(own if os.path.isfile(own) else os.path.join(ckpt_dir, "rank0.pt"), weights_only=False)
+    if sched is not None and local["sched"] is not None:
+        sched.load_state_dict(local["sched"])
+    if local["world_size"] != world:
+        logger.warning("checkpoint written by %d ranks, loaded by %d: resharded", local["world_size"], world)
+    if os.path.isfile(own):
+        set_rng_state(local["rng"])
+    return local["extra"]
