@@ -22,14 +22,14 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import uuid
 from collections.abc import Iterator
 
-import numpy as np
 import torch
+
+from rsearch_verl.rng import capture_rng, restore_rng
 
 logger = logging.getLogger(__name__)
 
@@ -129,16 +129,6 @@ class CheckpointManager:
         if os.path.isfile(rng_path):
             restore_rng(torch.load(rng_path, weights_only=False))
         return state
-
-
-def capture_rng() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
 
 
 def _write_atomic(path: str, text: str) -> None:

@@ -1,5 +1,5 @@
 """FSDP2 plumbing shared by the actor, critic and rollout workers: process group, sharding, optimizer, LR
-schedule, gradient clipping, full state-dict gather and RNG state (checkpoints: sharded_checkpoint.py).
+schedule, gradient clipping, full state-dict gather (checkpoints: sharded_checkpoint.py).
 
 The same code runs on CPU (gloo) and GPU (NCCL); only the backend and device differ. verl's `RayWorkerGroup`
 sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT for every worker, so `init_distributed` only reads them.
@@ -16,9 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -118,21 +116,6 @@ def all_reduce_sum(value: float, device: torch.device) -> float:
     if dist.is_initialized():
         dist.all_reduce(t)
     return float(t.item())
-
-
-def get_rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def split_minibatches(n: int, mini: int, micro: int) -> list[list[range]]:

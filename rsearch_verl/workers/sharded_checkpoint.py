@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from rsearch_verl.workers.fsdp import get_rng_state, set_rng_state
+from rsearch_verl.rng import capture_rng, restore_rng
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def save_checkpoint(ckpt_dir: str, model, optim=None, sched=None, extra: dict | 
     dcp.save(_state(model, optim), checkpoint_id=os.path.join(ckpt_dir, DCP_DIR))
     local = {
         "sched": sched.state_dict() if sched is not None else None,
-        "rng": get_rng_state(),
+        "rng": capture_rng(),
         "extra": extra or {},
         "world_size": world,
     }
@@ -89,5 +89,5 @@ def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
     if local["world_size"] != world:
         logger.warning("checkpoint written by %d ranks, loaded by %d: resharded", local["world_size"], world)
     if os.path.isfile(own):
-        set_rng_state(local["rng"])
+        restore_rng(local["rng"])
     return local["extra"]
