@@ -48,6 +48,11 @@ DEMO_FORMATS = {
     "r1_searcher": ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>"),
     "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
     "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
+    "tool_call": (
+        "<think> {t} </think>\n",
+        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>',
+        "<answer> {a} </answer>",
+    ),
 }
 
 
