@@ -93,6 +93,7 @@ def qwen25_tokenizer(save_dir: str):
 
 
 PACKAGE_PREFIX = "package:"
+GGUF_CONVERSION_VERSION = 2  # part of the conversion cache's key: bump when the conversion changes
 
 
 def resolve_path(path: str) -> str:
@@ -125,14 +126,15 @@ def gguf_special_ids(gguf_path: str) -> dict[str, int]:
 
 def gguf_hf_dir(directory: str, gguf_file: str) -> str:
     """A plain HF directory (float32 safetensors + tokenizer) converted once from `directory/gguf_file` and cached;
-    the cache key is the file's path, size and mtime. Concurrent converters race harmlessly (atomic rename)."""
+    the cache key is the file's path, size and mtime (and GGUF_CONVERSION_VERSION). Concurrent converters race harmlessly (atomic rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = os.path.join(directory, gguf_file)
     if not os.path.isfile(src):
         raise FileNotFoundError(f"model.gguf_file: {src} does not exist")
     stat = os.stat(src)
-    key = hashlib.sha1(f"{os.path.abspath(src)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    ident = f"{GGUF_CONVERSION_VERSION}:{os.path.abspath(src)}:{stat.st_size}:{stat.st_mtime_ns}"
+    key = hashlib.sha1(ident.encode()).hexdigest()[:12]
     root = os.path.expanduser(os.environ.get("RSEARCH_GGUF_CACHE", "~/.cache/rsearch_verl/gguf"))
     out = os.path.join(root, f"{os.path.splitext(gguf_file)[0]}-{key}")
     if os.path.isfile(os.path.join(out, "config.json")):
@@ -144,6 +146,7 @@ def gguf_hf_dir(directory: str, gguf_file: str) -> str:
     for attr, name in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding")):
         if name in ids:
             setattr(tok, attr, tok.convert_ids_to_tokens(ids[name]))
+    tok.clean_up_tokenization_spaces = False  # a BPE vocabulary round-trips as is (and transformers warns otherwise)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
     model.config.bos_token_id, model.config.eos_token_id = tok.bos_token_id, tok.eos_token_id
     model.config.pad_token_id = tok.pad_token_id
