@@ -126,7 +126,8 @@ def gguf_special_ids(gguf_path: str) -> dict[str, int]:
 
 def gguf_hf_dir(directory: str, gguf_file: str) -> str:
     """A plain HF directory (float32 safetensors + tokenizer) converted once from `directory/gguf_file` and cached;
-    the cache key is the file's path, size and mtime (and GGUF_CONVERSION_VERSION). Concurrent converters race harmlessly (atomic rename)."""
+    the cache key is the file's path, size and mtime (and GGUF_CONVERSION_VERSION). Concurrent converters race
+    harmlessly (atomic rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = os.path.join(directory, gguf_file)

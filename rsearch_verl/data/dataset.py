@@ -49,7 +49,9 @@ def render_prompt(prompt, tokenizer, tools: list[dict] | None = None, template_k
     kwargs = dict(template_kwargs or {})
 
     def render(msgs: list[dict], with_tools: list[dict] | None) -> str:
-        return tokenizer.apply_chat_template(msgs, tools=with_tools, add_generation_prompt=True, tokenize=False, **kwargs)
+        return tokenizer.apply_chat_template(
+            msgs, tools=with_tools, add_generation_prompt=True, tokenize=False, **kwargs
+        )
 
     text = render(messages, tools or None)
     if tools and text == render(messages, None):  # the template ignores `tools` (SmolLM2's): declare them in text

@@ -269,10 +269,8 @@ def test_stop_string_inside_a_bpe_token_still_parses(retrieval_url):
         cfg = RSearchConfig()
         cfg.retriever.url, cfg.retriever.topk = retrieval_url, 1
         sampling = SamplingParams(temperature=1.0, max_tokens=16, seed=1)
-        traj = asyncio.run(
-            run_trajectory(engine, tok, get_protocol("search_r1"), SearchClient(cfg.retriever),
-                           tok.encode("Q: who wrote hamlet?\n"), cfg, sampling)  # fmt: skip
-        )
+        prompt, client = tok.encode("Q: who wrote hamlet?\n"), SearchClient(cfg.retriever)
+        traj = asyncio.run(run_trajectory(engine, tok, get_protocol("search_r1"), client, prompt, cfg, sampling))
     finally:
         engine.close()
     assert traj.segments[0] == ("policy", "<search> hamlet </search>.")
