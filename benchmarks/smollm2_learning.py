@@ -13,7 +13,9 @@ EM of those that do, the EM of those that do not.
      after the last (val/em, val/searches_mean), and rollout/searches_mean, reward/mean per step.
 
 Prints a table and a last line: searches per trajectory and EM through the stages. CPU-heavy: one RL step of 8
-trajectories is minutes on 2 cores; keep --rl-steps small. Measured numbers are in docs/real_models.md.
+trajectories is minutes on 2 cores; keep --rl-steps small. Measured stages are kept in `<out>/probes.jsonl` (and the
+warm start in `<out>/warm_start`): a rerun with the same --out goes straight to what is left. Measured numbers are in
+docs/real_models.md.
 
     .venv/bin/python benchmarks/smollm2_learning.py --out /tmp/smol                      # Search-R1 GRPO
     .venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_toolcall_grpo --out /tmp/smol_tc
@@ -49,6 +51,24 @@ def probe_row(stage: str, probe) -> dict:
     start = time.perf_counter()
     row = {"stage": stage, **probe(1.0).as_dict(), "probe_s": round(time.perf_counter() - start, 1)}
     logging.info("probe %s", row)
+    return row
+
+
+def _done(out: str) -> dict[str, dict]:
+    path = os.path.join(out, "probes.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    done = {row["stage"]: row for row in rows}
+    if "warm start" in done and not os.path.isfile(os.path.join(out, "warm_start", "config.json")):
+        del done["warm start"]
+    return done
+
+
+def _record(out: str, row: dict) -> dict:
+    with open(os.path.join(out, "probes.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
     return row
 
 
@@ -127,18 +147,23 @@ def main(argv: list[str] | None = None) -> list[str]:
     os.makedirs(args.out, exist_ok=True)
     overrides = ["model=smollm2_135m", f"+recipe={args.recipe}", *SIZES, f"data.toy_world.cache_dir={args.toy_cache}"]
     cfg = load_config(overrides)
-    model, tokenizer = load_policy(cfg, seed=args.seed)
-    probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
-    probes = [probe_row("zero-shot", probe)]
-    sft_dir = None
-    if args.sft_demos > 0:
-        start = time.perf_counter()
-        losses = warm_start(cfg, model, tokenizer, args)
-        logging.info("warm start: losses %s in %.0f s", losses, time.perf_counter() - start)
-        probes.append(probe_row("warm start", probe))
-        sft_dir = save_hf(model, tokenizer, os.path.join(args.out, "warm_start"))
-    probe.close()
-    del model
+    probes = _done(args.out)  # a rerun with the same --out reuses measured stages and the saved warm start
+    sft_dir = os.path.join(args.out, "warm_start") if args.sft_demos > 0 else None
+    stages = ["zero-shot"] + (["warm start"] if sft_dir else [])
+    if any(stage not in probes for stage in stages):
+        model, tokenizer = load_policy(cfg, seed=args.seed)
+        probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
+        if "zero-shot" not in probes:
+            probes["zero-shot"] = _record(args.out, probe_row("zero-shot", probe))
+        if sft_dir:
+            start = time.perf_counter()
+            losses = warm_start(cfg, model, tokenizer, args)
+            logging.info("warm start: losses %s in %.0f s", losses, time.perf_counter() - start)
+            save_hf(model, tokenizer, sft_dir)
+            probes["warm start"] = _record(args.out, probe_row("warm start", probe))
+        probe.close()
+        del model
+    probes = [probes[stage] for stage in stages]
     rl = run_rl(args, sft_dir) if args.rl_steps > 0 else []
     lines = report(probes, rl, args) if rl else [json.dumps(p) for p in probes]
     with open(os.path.join(args.out, "report.txt"), "w") as f:
