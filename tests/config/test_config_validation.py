@@ -19,7 +19,8 @@ def test_recipes_compose():
     grpo = load_config(["+recipe=search_r1_grpo"])
     assert grpo.rollout.n == 5 and not grpo.use_critic and grpo.actor.use_kl_loss
     tool = load_config(["+recipe=search_r1_toolcall_grpo"])
-    assert (tool.rollout.protocol, tool.algorithm.adv_estimator, tool.reward.name) == ("tool_call", "grpo", "search_r1_em")
+    assert (tool.rollout.protocol, tool.algorithm.adv_estimator) == ("tool_call", "grpo")
+    assert tool.reward.name == "search_r1_em"
     assert tool.rollout.n == 5 and tool.actor.use_kl_loss and tool.prompt_variant == "base"  # the tiny toy policy
 
 
