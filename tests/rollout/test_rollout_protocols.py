@@ -16,7 +16,7 @@ from rsearch_verl.rollout.protocols import Doc, get_protocol, protocol_names
 from rsearch_verl.rollout.protocols.nl_dag import parse_dag
 from rsearch_verl.search import SearchError
 
-ALL = ["nl_dag", "r1_searcher", "r_search", "research", "search_r1"]
+ALL = ["nl_dag", "r1_searcher", "r_search", "research", "search_r1", "tool_call"]
 
 
 def _doc(title: str, text: str, source: str = "local") -> Doc:

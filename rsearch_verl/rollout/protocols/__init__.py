@@ -1,6 +1,6 @@
 """Search protocols, one file per paper, picked by YAML name with `get_protocol(name)`.
 
-    proto = get_protocol("search_r1")      # search_r1 | research | r1_searcher | r_search | nl_dag
+    proto = get_protocol("search_r1")      # search_r1 | research | r1_searcher | r_search | nl_dag | tool_call
     proto.stop_strings, proto.build_prompt(q), proto.parse_turn(text), await proto.observe(action, search, topk)
 
 Modules are imported lazily so that `protocols.base` can be imported from anywhere (the search package
@@ -21,6 +21,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "r1_searcher": ("rsearch_verl.rollout.protocols.r1_searcher", "R1SearcherProtocol"),
     "r_search": ("rsearch_verl.rollout.protocols.r_search", "RSearchProtocol"),
     "nl_dag": ("rsearch_verl.rollout.protocols.nl_dag", "NLDagProtocol"),
+    "tool_call": ("rsearch_verl.rollout.protocols.tool_call", "ToolCallProtocol"),
 }
 
 

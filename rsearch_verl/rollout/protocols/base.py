@@ -13,6 +13,10 @@ The agent loop uses it like this:
     if action.kind == "search":
         obs_text = await proto.observe(action, search)                # inserted with response_mask 0
     answer = proto.extract_answer(full_response_text)                 # used by rewards and evaluation
+
+Tool-call protocols also declare `tools` (JSON schemas handed to the chat template's `tools` argument) and may
+depend on the model's chat template for their observation text: the agent loop calls
+`proto.bind_tokenizer(tokenizer, chat)` before a batch (a no-op for the tag protocols).
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ class SearchProtocol(ABC):
     special_tokens: list[str] = []  # added to the tokenizer (R1-Searcher's <|begin_of_query|> …)
     observation_open: str = ""
     observation_close: str = ""
+    tools: list[dict[str, Any]] = []  # tool declarations for the chat template's `tools` (tool-call protocols)
+    chat_template_kwargs: dict[str, Any] = {}  # extra chat-template variables (e.g. Qwen3's enable_thinking)
+
+    def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:  # noqa: B027 - optional hook
+        """Adapt text that depends on the model's chat template; `chat`: the prompts went through that template.
+        Idempotent; the tag protocols' text does not depend on it."""
 
     @abstractmethod
     def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:

@@ -1,0 +1,177 @@
+"""Does a real pretrained LM (SmolLM2-135M-Instruct, `model=smollm2_135m`) learn to search on the toy world? Measured.
+
+Three stages, each measured with the same skill probe (rsearch_verl/warm_start.py `SkillProbe`: the real agent loop
+and HF engine on questions of a held-out practice world, temperature 1): the share of trajectories that search, the
+EM of those that do, the EM of those that do not.
+
+  1. zero-shot: the model as shipped, prompted through its own chat template.
+  2. warm start (skipped with --sft-demos 0): SFT on toy-world demonstrations in the recipe's protocol
+     (rsearch_verl/data/toy_demos.py, practice sub-worlds, a share answering from "memory"), rendered through the
+     model's chat template, as rsearch_verl/sft.py trains them.
+  3. RL: the recipe's main job (`python -m rsearch_verl.main`, local Ray, the recipe's own BM25 server) from the warm
+     start for --rl-steps steps; its own validation on the held-out toy-world questions before the first update and
+     after the last (val/em, val/searches_mean), and rollout/searches_mean, reward/mean per step.
+
+Prints a table and a last line: searches per trajectory and EM through the stages. CPU-heavy: one RL step of 8
+trajectories is minutes on 2 cores; keep --rl-steps small. Measured stages are kept in `<out>/probes.jsonl` (and the
+warm start in `<out>/warm_start`): a rerun with the same --out goes straight to what is left. Measured numbers are in
+docs/real_models.md.
+
+    .venv/bin/python benchmarks/smollm2_learning.py --out /tmp/smol                      # Search-R1 GRPO
+    .venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_toolcall_grpo --out /tmp/smol_tc
+    .venv/bin/python benchmarks/smollm2_learning.py --sft-demos 0 --rl-steps 4            # no warm start
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+RL = [
+    "data.train_batch_size=2",
+    "rollout.n=4",
+    "actor.ppo_mini_batch_size=8",
+    "actor.micro_batch_size=2",
+    "data.val_batch_size=16",
+    "trainer.save_freq=0",
+    "trainer.test_freq=0",
+]
+SIZES = ["rollout.max_turns=3", "rollout.max_tokens_per_turn=48", "rollout.max_response_length=320"]
+
+
+def probe_row(stage: str, probe) -> dict:
+    start = time.perf_counter()
+    row = {"stage": stage, **probe(1.0).as_dict(), "probe_s": round(time.perf_counter() - start, 1)}
+    logging.info("probe %s", row)
+    return row
+
+
+def _done(out: str) -> dict[str, dict]:
+    path = os.path.join(out, "probes.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    done = {row["stage"]: row for row in rows}
+    if "warm start" in done and not os.path.isfile(os.path.join(out, "warm_start", "config.json")):
+        del done["warm start"]
+    return done
+
+
+def _record(out: str, row: dict) -> dict:
+    with open(os.path.join(out, "probes.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def warm_start(cfg, model, tokenizer, args) -> list[float]:
+    """SFT on toy-world demonstrations rendered through the model's chat template (in place); returns epoch losses."""
+    from rsearch_verl.data.dataset import render_prompt
+    from rsearch_verl.data.toy_demos import demonstrations
+    from rsearch_verl.data.toy_world import build_toy_world
+    from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.sft import SFTOptions, train_sft
+
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    world = build_toy_world(cfg.data.toy_world)
+    demos = demonstrations(world, cfg.rollout.protocol, args.sft_demos, seed=args.seed, p_no_search=args.p_no_search,
+                           variant=cfg.prompt_variant, topk=cfg.retriever.topk, tokenizer=tokenizer)  # fmt: skip
+    for demo in demos:
+        demo["prompt"] = render_prompt(demo["prompt"], tokenizer, proto.tools, proto.chat_template_kwargs)
+    opts = SFTOptions(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=4, warmup_steps=4, seed=args.seed)
+    return train_sft(model, tokenizer, demos, opts)
+
+
+def run_rl(args, sft_dir: str | None) -> list[dict]:
+    run_dir = os.path.join(args.out, "rl")
+    cmd = [sys.executable, "-m", "rsearch_verl.main", "model=smollm2_135m", f"+recipe={args.recipe}", *RL, *SIZES]
+    cmd += [f"trainer.total_steps={args.rl_steps}", f"data.val_max_samples={args.val_questions}"]
+    cmd += [f"trainer.run_dir={run_dir}", "trainer.resume=disable", f"data.toy_world.cache_dir={args.toy_cache}"]
+    cmd += [f"model.sft_checkpoint={sft_dir}"] if sft_dir else []
+    proc = subprocess.run([*cmd, *args.extra], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RL main job failed:\n{proc.stderr[-3000:]}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def report(probes: list[dict], rl: list[dict], args) -> list[str]:
+    lines = [f"{'stage':<12}{'search_rate':>12}{'searched_em':>12}{'no_search_em':>13}{'n':>4}{'probe_s':>9}"]
+    for p in probes:
+        lines.append(f"{p['stage']:<12}{p['search_rate']:>12.3f}{p['searched_em']:>12.3f}{p['no_search_em']:>13.3f}"
+                     f"{p['n']:>4}{p['probe_s']:>9.1f}")  # fmt: skip
+    vals = [r for r in rl if "val/em" in r]
+    steps = [r for r in rl if r["step"] >= 1]
+    lines.append(f"RL {args.recipe}, {len(steps)} steps x 8 trajectories (2 prompts x 4), lr from model.actor_lr")
+    for r in steps:
+        lines.append(f"  step {r['step']:>2}: reward {r['reward/mean']:.3f}  searches {r['rollout/searches_mean']:.2f}"
+                     f"  logprob gap {r['rollout/logprob_abs_diff_max']:.1e}  {r['timing/step_s']:.0f} s")  # fmt: skip
+    first, last = vals[0], vals[-1]
+    em, searches = (first["val/em"], last["val/em"]), (first["val/searches_mean"], last["val/searches_mean"])
+    lines.append(f"  val (held-out toy world, greedy, {args.val_questions} q): em {em[0]:.3f} -> {em[1]:.3f}, "
+                 f"searches {searches[0]:.2f} -> {searches[1]:.2f}")  # fmt: skip
+    rates = " -> ".join(f"{p['stage']} {p['search_rate']:.2f}" for p in probes)
+    lines.append(f"search rate (probe) {rates}; val searches after RL {last['val/searches_mean']:.2f}, "
+                 f"val em {first['val/em']:.3f} -> {last['val/em']:.3f}")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="search_r1_grpo", choices=["search_r1_grpo", "search_r1_toolcall_grpo"])
+    parser.add_argument("--out", default="outputs/smollm2_learning")
+    parser.add_argument("--toy-cache", default="~/.cache/rsearch_verl/toy_world")
+    parser.add_argument("--sft-demos", type=int, default=96, help="0: no warm start")
+    parser.add_argument("--sft-epochs", type=int, default=1)
+    parser.add_argument("--sft-lr", type=float, default=1e-4)
+    parser.add_argument("--p-no-search", type=float, default=0.5, help="share of demos answering from memory")
+    parser.add_argument("--probe-questions", type=int, default=16)
+    parser.add_argument("--val-questions", type=int, default=16)
+    parser.add_argument("--rl-steps", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("extra", nargs="*", help="Hydra overrides for the RL job")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rsearch_verl.config import load_config
+    from rsearch_verl.sft import load_policy, save_hf
+    from rsearch_verl.warm_start import SkillProbe
+
+    os.makedirs(args.out, exist_ok=True)
+    overrides = ["model=smollm2_135m", f"+recipe={args.recipe}", *SIZES, f"data.toy_world.cache_dir={args.toy_cache}"]
+    cfg = load_config(overrides)
+    probes = _done(args.out)  # a rerun with the same --out reuses measured stages and the saved warm start
+    sft_dir = os.path.join(args.out, "warm_start") if args.sft_demos > 0 else None
+    stages = ["zero-shot"] + (["warm start"] if sft_dir else [])
+    if any(stage not in probes for stage in stages):
+        model, tokenizer = load_policy(cfg, seed=args.seed)
+        probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
+        if "zero-shot" not in probes:
+            probes["zero-shot"] = _record(args.out, probe_row("zero-shot", probe))
+        if sft_dir:
+            start = time.perf_counter()
+            losses = warm_start(cfg, model, tokenizer, args)
+            logging.info("warm start: losses %s in %.0f s", losses, time.perf_counter() - start)
+            save_hf(model, tokenizer, sft_dir)
+            probes["warm start"] = _record(args.out, probe_row("warm start", probe))
+        probe.close()
+        del model
+    probes = [probes[stage] for stage in stages]
+    rl = run_rl(args, sft_dir) if args.rl_steps > 0 else []
+    lines = report(probes, rl, args) if rl else [json.dumps(p) for p in probes]
+    with open(os.path.join(args.out, "report.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    for line in lines:
+        print(line)  # the benchmark's table
+    return lines
+
+
+if __name__ == "__main__":
+    main()
