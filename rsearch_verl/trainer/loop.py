@@ -89,8 +89,7 @@ class Trainer:
                 batch = wg.rollout.generate_sequences(batch)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
             # trajectories whose search failed because the retriever was down are dropped from the update
-            dropped, drop_metrics = phases.failed_search_rows(batch, cfg)
-            metrics.update(drop_metrics)
+            dropped = phases.failed_search_rows(batch, cfg, metrics)
             # the one place that decides which response tokens any loss sees (observations masked or not)
             batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
@@ -100,8 +99,7 @@ class Trainer:
             # 3. log-probs of the sampled tokens under the policy that generated them
             with timed(timing, "old_log_prob"):
                 batch = batch.union(wg.actor.compute_log_prob(batch))
-            metrics.update(phases.rollout_logprob_gap(batch))  # checks the last weight sync
-            metrics.update(phases.sampled_entropy(batch))  # the health watchdog's entropy signal
+            metrics.update(**phases.rollout_logprob_gap(batch), **phases.sampled_entropy(batch))  # for the watchdog
             # 4. reference log-probs for the KL term
             if cfg.use_ref:
                 with timed(timing, "ref"):
@@ -116,9 +114,8 @@ class Trainer:
             batch.meta_info["kl_coef"] = phases.current_kl_coef(cfg, step)
             if step == self._nan_step:  # test-only: a NaN loss in the first attempt at this step
                 batch.meta_info["fault_nan_loss"], self._nan_step = True, None
-            if not batch.batch["loss_mask"].any():  # every trajectory dropped: nothing to learn from this batch
-                metrics["health/update_skipped"] = 1.0
-            else:
+            metrics["health/update_skipped"] = float(not batch.batch["loss_mask"].any())  # every trajectory dropped
+            if not metrics["health/update_skipped"]:
                 # 7. critic update
                 if cfg.use_critic:
                     with timed(timing, "update_critic"):

@@ -147,16 +147,17 @@ def sampled_entropy(batch: DataProto) -> dict[str, float]:
     return {"rollout/entropy_mc": float(-batch.batch["old_log_probs"][mask].mean())}
 
 
-def failed_search_rows(batch: DataProto, cfg: RSearchConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """The trajectories to drop from the update: a search failed for an outage reason (the rollout marked them
-    `search_failed`; retriever.breaker.drop_failed). Each gets a uid of its own (`<uid>#dropped<i>`), so a group
-    advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their loss_mask rows."""
+def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:
+    """The trajectories to drop from the update ([B] bool): a search failed for an outage reason (the rollout marked
+    them `search_failed`; retriever.breaker.drop_failed). Each gets a uid of its own (`<uid>#dropped<i>`), so a group
+    advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their loss_mask rows. Adds the counts to
+    `metrics` (`rollout/search_failed`, `rollout/dropped_trajectories`)."""
     nt = batch.non_tensor_batch
     if "search_failed" not in nt:
-        return None, {}
+        return None
     failed = torch.tensor([bool(x) for x in nt["search_failed"]], dtype=torch.bool)
     drop = failed if cfg.retriever.breaker.drop_failed else torch.zeros_like(failed)
     for i in drop.nonzero().flatten().tolist():
         nt["uid"][i] = f"{nt['uid'][i]}#dropped{i}"
-    metrics = {"rollout/search_failed": float(failed.sum()), "rollout/dropped_trajectories": float(drop.sum())}
-    return drop, metrics
+    metrics.update({"rollout/search_failed": float(failed.sum()), "rollout/dropped_trajectories": float(drop.sum())})
+    return drop
