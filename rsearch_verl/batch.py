@@ -28,6 +28,8 @@ Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
     segments        list[(role, text)]  role "policy" | "observation", in order; joins to response_text
     n_searches, n_turns  int
     finish_reason   str             "answer" | "eos" | "max_turns" | "length" | "stop"
+    search_failed   bool            a search failed for an outage reason (timeout, connection, 5xx): with
+                                    retriever.breaker.drop_failed the driver zeroes the row's loss_mask
     turn_timing     list[dict]      per turn: {"gen_s", "search_s"}
     reward, answer                  (reward phase)
 
@@ -54,13 +56,16 @@ def response_attention(attention_mask: torch.Tensor, response_len: int) -> torch
     return attention_mask[:, -response_len:]
 
 
-def loss_mask(batch_tensors, mask_observations: bool) -> torch.Tensor:
-    """The batch's `loss_mask`: policy tokens only (default) or all real response tokens (ablation). The driver
-    calls this once per step (trainer/loop.py); actor, critic, KL and advantages read the stored key."""
+def loss_mask(batch_tensors, mask_observations: bool, dropped: torch.Tensor | None = None) -> torch.Tensor:
+    """The batch's `loss_mask`: policy tokens only (default) or all real response tokens (ablation), and nothing
+    at all in the rows `dropped` ([B] bool: trajectories dropped from the update). The driver calls this once per
+    step (trainer/loop.py); actor, critic, KL and advantages read the stored key."""
     mask = batch_tensors["response_mask"]
-    if mask_observations:
-        return mask
-    return response_attention(batch_tensors["attention_mask"], mask.shape[1]).to(mask.dtype)
+    if not mask_observations:
+        mask = response_attention(batch_tensors["attention_mask"], mask.shape[1]).to(mask.dtype)
+    if dropped is not None and bool(dropped.any()):
+        mask = mask * (~dropped).to(mask.dtype).unsqueeze(1)
+    return mask
 
 
 def trim_padding(tensors) -> None:

@@ -106,6 +106,35 @@ class RolloutConfig:
 
 
 @dataclass
+class BreakerConfig:
+    """The search circuit breaker of each rollout process (rsearch_verl/search/breaker.py, docs/health.md).
+
+    When more than `failure_rate` of the last `window` searches failed for an outage reason (timeout, connection
+    refused, HTTP 5xx / 429; after the client's retries), searches pause instead of returning error observations and
+    wait for the retriever's /health, at most `deadline_s` per outage; past it the run checkpoints and exits (code 3).
+    """
+
+    enable: bool = True  # false: failed searches always become error observations the policy trains on
+    window: int = 16  # most recent search calls (per rollout process) the failure rate is taken over
+    min_calls: int = 4  # no trip before this many outcomes in the window
+    failure_rate: float = 0.5  # trip when at least this share of the window failed
+    deadline_s: float = 600.0  # longest wait for the retriever in one outage (rollout and driver alike)
+    probe_interval_s: float = 1.0  # a paused rollout probes GET /health this often
+    drop_failed: bool = True  # trajectories with a search that failed for an outage reason get no loss
+
+
+@dataclass
+class SupervisorConfig:
+    """How the driver watches the retrieval server (rsearch_verl/trainer/health/supervisor.py, docs/health.md)."""
+
+    check_interval_s: float = 1.0  # background poll of the server (process alive? /health) while a step runs
+    health_timeout_s: float = 5.0  # one /health probe
+    unhealthy_after: int = 3  # consecutive failed probes that count as down (a hung own server is restarted)
+    max_restarts: int = 5  # restarts of the own server per outage before giving up
+    backoff_s: float = 1.0  # wait before a restart, doubled after each failed one (at most 30 s)
+
+
+@dataclass
 class RetrieverConfig:
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
     encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
@@ -119,6 +148,8 @@ class RetrieverConfig:
     max_concurrency: int = 32
     cache: bool = True
     start_timeout_s: float = 120.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
 
 @dataclass
@@ -194,6 +225,26 @@ class RewardConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    """The health watchdog (rsearch_verl/trainer/health/watchdog.py, docs/health.md): after every step it checks the
+    step's metrics; a trip restores the last complete checkpoint and multiplies the learning rates by `lr_factor`.
+
+    Absolute signals trip from the first step; relative ones compare with the median of the last `history` healthy
+    steps and only once `min_history` of them exist."""
+
+    enable: bool = True
+    max_rollbacks: int = 3  # then the run stops (exit code 3)
+    lr_factor: float = 0.5  # actor and critic learning rates are multiplied by this at every rollback
+    history: int = 10
+    min_history: int = 3
+    max_logprob_gap: float = 1.0  # rollout/logprob_abs_diff_mean above this (nats) trips (a broken weight sync)
+    answer_collapse: float = 0.25  # rollout/finish_answer (the format-valid rate) below this x baseline trips
+    entropy_collapse: float = 0.1  # policy entropy below this x baseline trips
+    entropy_explode: float = 3.0  # policy entropy above this x baseline trips
+    length_blowup: float = 3.0  # rollout/response_len_mean above this x baseline trips
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 20
     run_dir: str | None = None  # None: outputs/<recipe>/<timestamp>
@@ -214,6 +265,7 @@ class TrainerConfig:
     placement: str = "colocate"  # colocate: actor+ref+rollout (+critic) share processes; split: own pools
     ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
     ray_num_cpus: int | None = None
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 @dataclass
@@ -328,7 +380,30 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
     if cfg.trainer.device == "cuda":
         _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")
+    _validate_health(cfg)
     return cfg
+
+
+def _validate_health(cfg: RSearchConfig) -> None:
+    brk, sup, wd = cfg.retriever.breaker, cfg.retriever.supervisor, cfg.trainer.watchdog
+    _check(brk.window >= 1, "retriever.breaker.window", "must be >= 1")
+    _check(1 <= brk.min_calls <= brk.window, "retriever.breaker.min_calls", "must be in [1, retriever.breaker.window]")
+    _check(0 < brk.failure_rate <= 1, "retriever.breaker.failure_rate", "must be in (0, 1]")
+    _check(brk.deadline_s > 0, "retriever.breaker.deadline_s", "must be > 0")
+    _check(brk.probe_interval_s > 0, "retriever.breaker.probe_interval_s", "must be > 0")
+    _check(sup.check_interval_s > 0, "retriever.supervisor.check_interval_s", "must be > 0")
+    _check(sup.health_timeout_s > 0, "retriever.supervisor.health_timeout_s", "must be > 0")
+    _check(sup.unhealthy_after >= 1, "retriever.supervisor.unhealthy_after", "must be >= 1")
+    _check(sup.max_restarts >= 0, "retriever.supervisor.max_restarts", "must be >= 0")
+    _check(sup.backoff_s >= 0, "retriever.supervisor.backoff_s", "must be >= 0")
+    _check(wd.max_rollbacks >= 0, "trainer.watchdog.max_rollbacks", "must be >= 0")
+    _check(0 < wd.lr_factor <= 1, "trainer.watchdog.lr_factor", "must be in (0, 1]")
+    _check(1 <= wd.min_history <= wd.history, "trainer.watchdog.min_history", "must be in [1, watchdog.history]")
+    _check(wd.max_logprob_gap > 0, "trainer.watchdog.max_logprob_gap", "must be > 0")
+    _check(0 <= wd.answer_collapse < 1, "trainer.watchdog.answer_collapse", "must be in [0, 1)")
+    _check(0 <= wd.entropy_collapse < 1, "trainer.watchdog.entropy_collapse", "must be in [0, 1)")
+    _check(wd.entropy_explode > 1, "trainer.watchdog.entropy_explode", "must be > 1")
+    _check(wd.length_blowup > 1, "trainer.watchdog.length_blowup", "must be > 1")
 
 
 def from_omegaconf(oc_cfg: Any) -> RSearchConfig:

@@ -8,8 +8,12 @@ build the worker groups, train, validate and write the run directory.
     ray job submit --working-dir . -- python -m rsearch_verl.main +recipe=...  # launch/submit.sh wraps this
 
 The run directory (`trainer.run_dir`, default outputs/<recipe>/<timestamp>) holds config.yaml, metrics.jsonl,
-rollouts/step_<N>.jsonl, checkpoints/step_<N>/ and plots/. Pass the same `trainer.run_dir` again to resume
-(`trainer.resume=auto` is the default).
+rollouts/step_<N>.jsonl, checkpoints/step_<N>/, plots/ and summary.json (with the run's health). Pass the same
+`trainer.run_dir` again to resume (`trainer.resume=auto` is the default).
+
+Exit codes: 0 done (summary.json `health.status` is "ok" or "degraded"); 3 stopped early with a message saying why and
+what to do (a retriever that did not come back, a dead Ray worker, the health watchdog's rollbacks used up; see
+docs/health.md); anything else is a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import hydra
 from omegaconf import DictConfig
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf, register_schema
+from rsearch_verl.trainer.health import STOP_EXIT_CODE, RunStopped
+from rsearch_verl.trainer.retriever_service import RetrieverError
 
 logger = logging.getLogger("rsearch_verl")
 
@@ -55,7 +61,11 @@ def main(oc_cfg: DictConfig) -> None:
 
     cfg = from_omegaconf(oc_cfg)
     run_dir = cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir
-    run(cfg, run_dir)
+    try:
+        run(cfg, run_dir)
+    except (RunStopped, RetrieverError) as exc:
+        logger.error("%s", exc)
+        sys.exit(STOP_EXIT_CODE)
 
 
 if __name__ == "__main__":

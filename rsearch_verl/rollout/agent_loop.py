@@ -13,8 +13,10 @@ sampled text with mask 1.
 `generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
 `prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
 index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever` (see
-`process_search_client`) unless `search` is given; its metrics window is reset per batch (`search/*` in
-`meta_info["metrics"]`, next to `rollout/*` and `timing/*`).
+`process_search_client`) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py: searches
+pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch (`search/*`
+in `meta_info["metrics"]`, next to `rollout/*` and `timing/*`). A trajectory with a search that failed for an outage
+reason (timeout, connection, 5xx) is marked `search_failed` (the trainer drops it from the update).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import functools
+import json
 import logging
 import time
 import zlib
@@ -35,6 +37,7 @@ from verl import DataProto
 from rsearch_verl.config import RetrieverConfig, RSearchConfig
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchFn, SearchProtocol, get_protocol
+from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.client import SearchClient, SearchError
 
 logger = logging.getLogger(__name__)
@@ -50,7 +53,8 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)  # rollout log-prob per token (0.0 on observations)
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("policy" | "observation", text)
     n_searches: int = 0
-    n_search_errors: int = 0
+    n_search_errors: int = 0  # searches that failed for good (after retries); each became an error observation
+    n_search_outages: int = 0  # of those, failures of the backend (timeout, connection, 5xx): not the policy's doing
     n_turns: int = 0
     finish_reason: str = "max_turns"
     turn_timing: list[dict[str, float]] = field(default_factory=list)  # per turn {"gen_s", "search_s"}
@@ -72,14 +76,16 @@ class _CountingSearch:
     def __init__(self, search: SearchFn):
         self.search = search
         self.errors = 0
+        self.outages = 0
         self.seconds = 0.0
 
     async def __call__(self, queries: list[str], topk: int, source: str = "local"):
         start = time.perf_counter()
         try:
             return await self.search(queries, topk, source)
-        except SearchError:
+        except SearchError as err:
             self.errors += 1
+            self.outages += int(err.outage)
             raise
         finally:
             self.seconds += time.perf_counter() - start
@@ -135,8 +141,7 @@ async def run_trajectory(
     """One trajectory: turns of generation and search until an answer, EOS, max_turns or the token budget."""
     rc = cfg.rollout
     traj = Trajectory()
-    counted = search if isinstance(search, _CountingSearch) else _CountingSearch(search)
-    errors_before = counted.errors
+    counted = _CountingSearch(search)  # this trajectory's own failures (a shared counter also sees the others')
     hidden = hidden_token_ids(tokenizer, protocol)
     for turn in range(rc.max_turns):
         remaining = rc.max_response_length - len(traj.response_ids)
@@ -174,19 +179,35 @@ async def run_trajectory(
         if len(traj.response_ids) >= rc.max_response_length:
             traj.finish_reason = "length"
             break
-    traj.n_search_errors = counted.errors - errors_before
+    traj.n_search_errors, traj.n_search_outages = counted.errors, counted.outages
     return traj
 
 
-@functools.lru_cache(maxsize=8)
-def _client_for(retriever_key: tuple) -> SearchClient:
-    return SearchClient(RetrieverConfig(*retriever_key))
+_PROCESS_SEARCH: dict[str, tuple[SearchClient, CircuitBreaker]] = {}
 
 
 def process_search_client(retriever: RetrieverConfig) -> SearchClient:
     """The process's one SearchClient for this retriever config (cache, connection pool and metrics shared by every
     batch; it rebinds itself to each new event loop)."""
-    return _client_for(dataclasses.astuple(retriever))
+    return _process_search(retriever)[0]
+
+
+def process_breaker(retriever: RetrieverConfig) -> CircuitBreaker:
+    """The circuit breaker in front of `process_search_client(retriever)` (its failure window spans batches)."""
+    return _process_search(retriever)[1]
+
+
+def _process_search(retriever: RetrieverConfig) -> tuple[SearchClient, CircuitBreaker]:
+    key = json.dumps(dataclasses.asdict(retriever), sort_keys=True)
+    if key not in _PROCESS_SEARCH:
+        client = SearchClient(retriever)
+        breaker = CircuitBreaker(client, retriever.breaker, probe=client.healthy, where=_describe(retriever))
+        _PROCESS_SEARCH[key] = (client, breaker)
+    return _PROCESS_SEARCH[key]
+
+
+def _describe(retriever: RetrieverConfig) -> str:
+    return f"the retriever at {retriever.url}" if retriever.url else "the retriever"
 
 
 def trajectory_seed(base_seed: int, uid: str, row: int) -> int:
@@ -233,7 +254,9 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
     }
 
 
-def rollout_metrics(trajs: list[Trajectory], search, counted: _CountingSearch, wall_s: float) -> dict[str, float]:
+def rollout_metrics(
+    trajs: list[Trajectory], search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None
+) -> dict[str, float]:
     searches = np.array([t.n_searches for t in trajs], dtype=float)
     out = {
         "rollout/searches_mean": float(searches.mean()),
@@ -248,6 +271,8 @@ def rollout_metrics(trajs: list[Trajectory], search, counted: _CountingSearch, w
         out[f"rollout/finish_{reason}"] = float(np.mean([t.finish_reason == reason for t in trajs]))
     if hasattr(search, "metrics"):
         out.update(search.metrics(reset=True))  # one window per batch (per training step)
+    if breaker is not None:
+        out.update(breaker.metrics(reset=True))
     out["search/errors"] = float(counted.errors)  # failures the trajectories saw (after the client's retries)
     return out
 
@@ -272,9 +297,11 @@ async def generate_batch_async(
     protocol = protocol or get_protocol(rc.protocol, **rc.protocol_kwargs)
     protocol.bind_tokenizer(tokenizer, chat=cfg.prompt_variant == "instruct")  # tool-call observation framing
     own_client = search is None
+    breaker = None
     if own_client:
         search = process_search_client(cfg.retriever)
-    counted = _CountingSearch(search)
+        breaker = process_breaker(cfg.retriever) if cfg.retriever.breaker.enable else None
+    counted = _CountingSearch(breaker or search)
     base_seed = int(prompts.meta_info.get("seed", cfg.seed))
     sem = asyncio.Semaphore(max(1, rc.max_concurrent_trajectories))
 
@@ -291,7 +318,7 @@ async def generate_batch_async(
     finally:
         if own_client:
             await search.aclose()
-    metrics = rollout_metrics(trajs, search, counted, time.perf_counter() - start)
+    metrics = rollout_metrics(trajs, search, counted, time.perf_counter() - start, breaker)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     tensors = _pad_tensors([list(p) for p in nt["prompt_ids"]], trajs, pad_id, pad_prompt_to, pad_response_to)
     non_tensors = {key: nt[key] for key in nt}
@@ -301,6 +328,7 @@ async def generate_batch_async(
         n_searches=_object_array([t.n_searches for t in trajs]),
         n_turns=_object_array([t.n_turns for t in trajs]),
         finish_reason=_object_array([t.finish_reason for t in trajs]),
+        search_failed=_object_array([t.n_search_outages > 0 for t in trajs]),
         turn_timing=_object_array([t.turn_timing for t in trajs]),
     )
     meta = {**prompts.meta_info, "metrics": metrics}

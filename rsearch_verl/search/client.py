@@ -47,6 +47,12 @@ class SearchError(RuntimeError):
         """A one-line reason fit for an observation shown to the policy (no stack, no URL)."""
         return self.kind
 
+    @property
+    def outage(self) -> bool:
+        """The backend is down or overloaded (timeout, connection, HTTP 5xx / 429), not the request at fault: such a
+        failure says nothing about the policy, so the circuit breaker counts it and the trainer drops the trajectory."""
+        return self.kind in ("timeout", "connection", "http_429") or self.kind.startswith("http_5")
+
 
 def default_sources(cfg: RetrieverConfig) -> dict[str, Source]:
     """`local` when `cfg.url` is set; `arxiv` always; `web`/`news` (Serper) only when $SERPER_API_KEY is set."""
@@ -157,6 +163,11 @@ class SearchClient:
             self._counts = dict.fromkeys(self._counts, 0)
             self._latencies.clear()
         return out
+
+    async def healthy(self, source: str = "local") -> bool:
+        """One health probe of `source` (GET /health for the local retriever), bounded by `cfg.timeout_s`."""
+        self._bind_loop()
+        return await self.sources[source].healthy(self._http, self.cfg.timeout_s)
 
     async def aclose(self) -> None:
         """Close the connection pool (it is reopened on the next call)."""

@@ -6,6 +6,11 @@ critic update → actor update → weight sync → rollout dump. `fit` adds vali
 `trainer.test_freq` steps and at the end), metrics, atomic checkpoints every `trainer.save_freq` steps and at the
 end, and `trainer.resume=auto` (continue from the newest complete checkpoint).
 
+Run health (rsearch_verl/trainer/health, docs/health.md): the retriever is checked before every step and watched
+during it; trajectories whose searches failed because the retriever was down get no loss; after every step the
+watchdog may roll back to the last complete checkpoint at a lower lr. A run that cannot go on safely (retriever gone
+past its deadline, a dead Ray worker, rollbacks used up) raises `RunStopped` after saving what can be saved.
+
 Run it through the Hydra entry point: `python -m rsearch_verl.main +recipe=search_r1_ppo`.
 """
 
@@ -23,8 +28,13 @@ from rsearch_verl import batch as batch_keys
 from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
+from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
+from rsearch_verl.trainer.health import RunStopped, fault_nan_step
+from rsearch_verl.trainer.health.report import RunHealth
+from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
+from rsearch_verl.trainer.health.watchdog import Watchdog
 from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.workers.placement import WorkerGroups, reduce_metrics
 
@@ -47,6 +57,7 @@ class Trainer:
         train_data: PromptDataset,
         val_data: PromptDataset | None,
         tokenizer,
+        supervisor: RetrieverSupervisor | None = None,
     ):
         self.cfg, self.run_dir, self.wg, self.tokenizer = cfg, run_dir, workers, tokenizer
         self.loader = PromptLoader(train_data, cfg.data.train_batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
@@ -60,10 +71,16 @@ class Trainer:
             config=to_dict(cfg),
         )
         self.history: list[dict] = []
+        self.supervisor, self.watchdog, self.health = supervisor, Watchdog(cfg.trainer.watchdog), RunHealth()
+        self.done_step = 0  # the last step whose update is applied
+        self._pending: dict | None = None  # the step under way: its loader state before its batch, its metrics
+        self._marks: dict[str, float] = {}  # the last rollback's trip metrics, logged with the next row
+        self._nan_step = fault_nan_step()  # test-only fault injection (unset in real runs)
 
     # ---------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, wg, timing = self.cfg, self.wg, {}
+        self._pending = {"loader": self.loader.state_dict()}  # a stop mid-step must not consume this batch
         batch = self.loader.next_batch()
         batch.meta_info.update(validate=False, seed=self._sampling_seed(step))
         with timed(timing, "step"):
@@ -71,8 +88,10 @@ class Trainer:
             with timed(timing, "gen"):
                 batch = wg.rollout.generate_sequences(batch)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
+            # trajectories whose search failed because the retriever was down are dropped from the update
+            dropped = phases.failed_search_rows(batch, cfg, metrics)
             # the one place that decides which response tokens any loss sees (observations masked or not)
-            batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations)
+            batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):
@@ -80,7 +99,7 @@ class Trainer:
             # 3. log-probs of the sampled tokens under the policy that generated them
             with timed(timing, "old_log_prob"):
                 batch = batch.union(wg.actor.compute_log_prob(batch))
-            metrics.update(phases.rollout_logprob_gap(batch))  # checks the last weight sync
+            metrics.update(**phases.rollout_logprob_gap(batch), **phases.sampled_entropy(batch))  # for the watchdog
             # 4. reference log-probs for the KL term
             if cfg.use_ref:
                 with timed(timing, "ref"):
@@ -93,16 +112,20 @@ class Trainer:
             with timed(timing, "adv"):
                 batch, adv_metrics = phases.advantage_phase(batch, cfg, step)
             batch.meta_info["kl_coef"] = phases.current_kl_coef(cfg, step)
-            # 7. critic update
-            if cfg.use_critic:
-                with timed(timing, "update_critic"):
-                    metrics.update(_worker_metrics(wg.critic.update_critic(batch)))
-            # 8. actor update
-            with timed(timing, "update_actor"):
-                metrics.update(_worker_metrics(wg.actor.update_actor(batch)))
-            # 9. push the new weights into the rollout engines
-            with timed(timing, "sync"):
-                wg.sync_rollout_weights()
+            if step == self._nan_step:  # test-only: a NaN loss in the first attempt at this step
+                batch.meta_info["fault_nan_loss"], self._nan_step = True, None
+            metrics["health/update_skipped"] = float(not batch.batch["loss_mask"].any())  # every trajectory dropped
+            if not metrics["health/update_skipped"]:
+                # 7. critic update
+                if cfg.use_critic:
+                    with timed(timing, "update_critic"):
+                        metrics.update(_worker_metrics(wg.critic.update_critic(batch)))
+                # 8. actor update
+                with timed(timing, "update_actor"):
+                    metrics.update(_worker_metrics(wg.actor.update_actor(batch)))
+                # 9. push the new weights into the rollout engines
+                with timed(timing, "sync"):
+                    wg.sync_rollout_weights()
         # 10. rollout dump for inspection (viewer, debugging)
         if cfg.trainer.dump_rollouts:
             path = os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl")
@@ -121,7 +144,7 @@ class Trainer:
             batch = self.val_data.to_batch(idx, uids=[f"val-{i}" for i in idx])
             batch.meta_info.update(validate=True, seed=self.cfg.seed)
             batch = self.wg.rollout.generate_sequences(batch)
-            batch.meta_info.pop("metrics", None)
+            self.health.add_step(batch.meta_info.pop("metrics", {}))  # searches failed or paused in validation too
             batch, _ = phases.reward_phase(batch, self.cfg)
             results.append(DataProto(non_tensor_batch=batch.non_tensor_batch))  # widths differ between batches
         return phases.validation_metrics(DataProto.concat(results))
@@ -132,7 +155,8 @@ class Trainer:
             self.wg.actor.save_checkpoint(os.path.join(tmp, "actor"))
             if self.wg.critic is not None:
                 self.wg.critic.save_checkpoint(os.path.join(tmp, "critic"))
-            self.ckpts.write_trainer_state(tmp, {"step": step, "loader": self.loader.state_dict()})
+            state = {"step": step, "loader": self.loader.state_dict(), "health": self.health.state_dict()}
+            self.ckpts.write_trainer_state(tmp, state)
 
     def maybe_resume(self) -> int:
         """Load the checkpoint `trainer.resume` points at; return the step it finished (0 for a fresh run)."""
@@ -141,6 +165,14 @@ class Trainer:
         if path is None:
             return 0
         logger.info("resuming from %s", path)
+        step, state = self._load(path)
+        self.health.load_state_dict(state.get("health"))
+        if self.health.lr_scale != 1.0:  # the optimizer state has it already; this keeps the two in step
+            self._set_lr_scale(self.health.lr_scale)
+        return step
+
+    def _load(self, path: str) -> tuple[int, dict]:
+        """Restore workers, data order and driver RNG from a complete checkpoint; drop the metrics logged after it."""
         self.wg.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.wg.critic is not None:
             self.wg.critic.load_checkpoint(os.path.join(path, "critic"))
@@ -148,26 +180,146 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.wg.sync_rollout_weights()
         self.metrics.truncate(after_step=state["step"])
-        return int(state["step"])
+        self.history = [row for row in self.history if row["step"] <= state["step"]]
+        return int(state["step"]), state
+
+    def _set_lr_scale(self, scale: float) -> None:
+        self.wg.actor.set_lr_scale(scale)
+        if self.wg.critic is not None:
+            self.wg.critic.set_lr_scale(scale)
+
+    # ---------------------------------------------------------------- health
+    def rollback(self, step: int, trips: dict[str, float]) -> int:
+        """The watchdog tripped at `step`: restore the last complete checkpoint, lower the lr, return its step."""
+        wd = self.cfg.trainer.watchdog
+        what = ", ".join(f"{k}={v:.4g}" for k, v in trips.items())
+        path = self.ckpts.latest()
+        if path is None or len(self.health.rollbacks) >= wd.max_rollbacks:
+            why = (
+                "there is no complete checkpoint to roll back to (lower trainer.save_freq)"
+                if path is None
+                else f"all {wd.max_rollbacks} rollbacks are used (trainer.watchdog.max_rollbacks)"
+            )
+            raise RunStopped(f"health watchdog tripped at step {step} ({what}) and {why}")
+        restored, _ = self._load(path)
+        self.done_step, self._pending = restored, None
+        scale = self.health.lr_scale * wd.lr_factor
+        self._set_lr_scale(scale)
+        self.health.record_rollback(step, restored, trips, scale)
+        self.watchdog.forget_after(restored)
+        self._marks = {**{f"health/trip_{k}": 1.0 for k in trips}, "health/rolled_back_from": float(step)}
+        logger.warning("health watchdog tripped at step %d (%s): rolled back to step %d, lr x%g", step, what,
+                       restored, scale)  # fmt: skip
+        return restored
+
+    @contextlib.contextmanager
+    def _supervised(self, step: int) -> Iterator[None]:
+        """Check the retriever before the body and watch it during; its outage metrics go to the step's row."""
+        if self.supervisor is None:
+            yield
+            return
+        try:
+            self.supervisor.check()
+            with self.supervisor.watching():
+                yield
+        finally:
+            self.health.add_outages(self.supervisor.take_outages(), step)
+
+    def _stopped(self, exc: BaseException) -> RunStopped | None:
+        """The RunStopped that `exc` amounts to (checkpointing first where that is safe), or None for other errors."""
+        import ray
+
+        step = self.done_step + 1
+        cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the worker's exception as its cause
+        if isinstance(exc, RunStopped):
+            reason, advice = str(exc), "Fix the cause, then rerun with the same trainer.run_dir (trainer.resume=auto)."
+        elif isinstance(cause, RetrieverDownError):
+            reason = str(cause).splitlines()[0]
+            if self.supervisor is not None and (outage := self.supervisor.open_outage()) is not None:
+                self.health.add_outages([outage], step)
+            saved = self._save_on_stop(step, reason)
+            advice = (
+                f"{saved} Bring the retriever back (or point retriever.url at one), then rerun with the same "
+                "trainer.run_dir (trainer.resume=auto) to continue."
+            )
+        elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+            reason = f"a Ray worker died ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
+            latest = self.ckpts.latest()
+            advice = (
+                f"The last complete checkpoint is {latest}; rerun with the same trainer.run_dir "
+                "(trainer.resume=auto) to continue from it."
+                if latest
+                else "No checkpoint was written yet; rerun to start over."
+            )
+        else:
+            return None
+        if self.health.stop is None:
+            self.health.record_stop(step, reason)
+        return RunStopped(f"run stopped during step {step}: {reason}. {advice}")
+
+    def _save_on_stop(self, step: int, reason: str) -> str:
+        """Checkpoint the last applied update (the interrupted step's batch is given back to the loader)."""
+        if self._pending is not None:
+            if "metrics" in self._pending:  # the step's update is applied; only its validation was cut short
+                self._log(self._pending["metrics"], self.done_step)
+            else:
+                self.loader.load_state_dict(self._pending["loader"])
+        if self.done_step == 0:
+            return "Nothing was trained yet, so there is no checkpoint to save."
+        self.health.record_stop(step, reason)
+        self.save(self.done_step)
+        return f"Saved the checkpoint of step {self.done_step} ({self.ckpts.latest()})."
 
     # ---------------------------------------------------------------- the run
     def fit(self, progress=None) -> list[dict]:
-        cfg = self.cfg.trainer
         start = self.maybe_resume()
+        self.done_step = start
+        try:
+            self._run(start, progress)
+        except Exception as exc:
+            stop = self._stopped(exc)
+            if stop is None:
+                raise
+            logger.error("%s", stop)
+            raise stop from exc
+        finally:
+            self.metrics.close()
+        return self.history
+
+    def _run(self, start: int, progress) -> None:
+        cfg = self.cfg.trainer
         if start == 0 and cfg.val_before_train:
-            self._log(self.validate(), step=0)
-        for step in range(start + 1, cfg.total_steps + 1):
-            metrics = self.train_step(step)
+            with self._supervised(0):
+                self._log(self.validate(), step=0)
+        step = start
+        while step < cfg.total_steps:
+            step += 1
+            with self._supervised(step):
+                metrics = self.train_step(step)
+            metrics.update(self._health_metrics())
+            self.health.add_step(metrics)
+            trips = self.watchdog.check(step, metrics)
+            if trips:
+                step = self.rollback(step, trips)
+                continue
+            self.done_step, self._pending = step, {"metrics": metrics}
             last = step == cfg.total_steps
             if last or (cfg.test_freq > 0 and step % cfg.test_freq == 0):
-                metrics.update(self.validate())
+                with self._supervised(step):
+                    metrics.update(self.validate())
             self._log(metrics, step)
+            self._pending = None
             if last or (cfg.save_freq > 0 and step % cfg.save_freq == 0):
                 self.save(step)
             if progress is not None:
                 progress(step, metrics)
-        self.metrics.close()
-        return self.history
+
+    def _health_metrics(self) -> dict[str, float]:
+        out = self.supervisor.step_metrics() if self.supervisor is not None else {}
+        out["health/rollbacks"] = float(len(self.health.rollbacks))
+        out.update(self._marks)
+        self._marks = {}
+        return out
 
     def _log(self, metrics: dict, step: int) -> None:
         if metrics:

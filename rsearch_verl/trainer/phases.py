@@ -136,3 +136,28 @@ def rollout_logprob_gap(batch: DataProto) -> dict[str, float]:
         return {}
     gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[mask]
     return {"rollout/logprob_abs_diff_mean": float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}
+
+
+def sampled_entropy(batch: DataProto) -> dict[str, float]:
+    """Mean -log p (actor, rollout temperature) of the sampled policy tokens: a Monte-Carlo estimate of the policy's
+    per-token entropy at no extra cost (the health watchdog's entropy when the actor computes none)."""
+    mask = batch.batch["response_mask"].bool()
+    if not mask.any():
+        return {}
+    return {"rollout/entropy_mc": float(-batch.batch["old_log_probs"][mask].mean())}
+
+
+def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:
+    """The trajectories to drop from the update ([B] bool): a search failed for an outage reason (the rollout marked
+    them `search_failed`; retriever.breaker.drop_failed). Each gets a uid of its own (`<uid>#dropped<i>`), so a group
+    advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their loss_mask rows. Adds the counts to
+    `metrics` (`rollout/search_failed`, `rollout/dropped_trajectories`)."""
+    nt = batch.non_tensor_batch
+    if "search_failed" not in nt:
+        return None
+    failed = torch.tensor([bool(x) for x in nt["search_failed"]], dtype=torch.bool)
+    drop = failed if cfg.retriever.breaker.drop_failed else torch.zeros_like(failed)
+    for i in drop.nonzero().flatten().tolist():
+        nt["uid"][i] = f"{nt['uid'][i]}#dropped{i}"
+    metrics.update({"rollout/search_failed": float(failed.sum()), "rollout/dropped_trajectories": float(drop.sum())})
+    return drop

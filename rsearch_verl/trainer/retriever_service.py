@@ -1,8 +1,9 @@
 """The recipe's own retrieval server: build the index if needed, start `python -m retrieval_server serve` as a
-separate process on 127.0.0.1 (a free port), wait until `/health` answers, stop it at the end.
+separate process on 127.0.0.1 (a free port), wait until `/health` answers, stop it at the end. `restart()` starts it
+again on the same port (the rollout workers keep its URL); rsearch_verl/trainer/health/supervisor.py decides when.
 
-When `retriever.url` is set the driver uses that external server instead (checked with a bounded health probe)
-and starts nothing.
+When `retriever.url` is set the driver uses that external server instead (checked with a bounded health probe: a
+clear error before any step when it does not answer) and starts nothing.
 
 Usage:
     with RetrieverService(cfg.retriever, corpus_path, index_dir) as url:
@@ -71,31 +72,60 @@ class RetrieverService:
     def __init__(self, cfg: RetrieverConfig, corpus: str | None, index_dir: str | None, log_path: str | None = None):
         self.cfg, self.corpus, self.index_dir, self.log_path = cfg, corpus, index_dir, log_path
         self.proc: subprocess.Popen | None = None
+        self.url: str | None = None
         self._log_file = None
+
+    @property
+    def owned(self) -> bool:
+        """True when this service started the server (and may restart it); False for an external retriever.url."""
+        return not self.cfg.url
 
     def __enter__(self) -> str:
         if self.cfg.url:
-            info = wait_healthy(self.cfg.url.rstrip("/"), self.cfg.start_timeout_s)
-            logger.info("using external retrieval server %s (%s)", self.cfg.url, info)
-            return self.cfg.url.rstrip("/")
+            self.url = self.cfg.url.rstrip("/")
+            try:
+                info = wait_healthy(self.url, self.cfg.start_timeout_s)
+            except RetrieverError as exc:
+                raise RetrieverError(
+                    f"retriever.url={self.cfg.url} does not answer GET /health ({exc}). Start the retrieval server "
+                    "(python -m retrieval_server serve --index DIR --port PORT, see docs/retriever.md) or unset "
+                    "retriever.url to let the recipe start its own."
+                ) from exc
+            logger.info("using external retrieval server %s (%s)", self.url, info)
+            return self.url
         if not (self.corpus and self.index_dir):
             raise RetrieverError("retriever.url is unset and there is no corpus to serve: set retriever.url")
         ensure_index(self.cfg, self.corpus, self.index_dir)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", self.index_dir]
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        self.url = f"http://127.0.0.1:{free_port()}"
         self._log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
         try:
-            info = wait_healthy(url, self.cfg.start_timeout_s, self.proc)
+            info = self._spawn()
         except BaseException:
             self.close()
             raise
-        logger.info("retrieval server up at %s: %s", url, info)
-        return url
+        logger.info("retrieval server up at %s: %s", self.url, info)
+        return self.url
 
-    def close(self) -> None:
+    def _spawn(self) -> dict:
+        port = self.url.rsplit(":", 1)[1]
+        cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", self.index_dir]
+        cmd += ["--host", "127.0.0.1", "--port", port]
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
+        return wait_healthy(self.url, self.cfg.start_timeout_s, self.proc)
+
+    def alive(self) -> bool:
+        """The own server's process still runs (always True for an external server: nothing to watch)."""
+        return not self.owned or (self.proc is not None and self.proc.poll() is None)
+
+    def restart(self) -> dict:
+        """Stop the own server if it still runs (e.g. hung) and start it again on the same port; raises
+        RetrieverError when it does not come up. The index is built already, so this takes seconds."""
+        if not self.owned or self.url is None:
+            raise RetrieverError("only the server this run started can be restarted")
+        self._stop_process()
+        return self._spawn()
+
+    def _stop_process(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -104,6 +134,9 @@ class RetrieverService:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def close(self) -> None:
+        self._stop_process()
         if self._log_file not in (None, subprocess.DEVNULL):
             self._log_file.close()
         self._log_file = None

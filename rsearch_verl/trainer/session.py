@@ -3,7 +3,10 @@ Ray, the worker groups, a progress bar and the final summary. Cleans up what it 
 
 Usage (what `rsearch_verl.main.run` does):
     with TrainingSession(cfg, run_dir) as session:
-        summary = session.train()     # {"val/em_before": ..., "val/em_after": ..., "val/searches_mean_after": ...}
+        summary = session.train()     # {"val/em_before": ..., "val/em_after": ..., "health": {"status": ...}, ...}
+
+summary.json is written at the end, and also when the run stops early (`RunStopped`, re-raised), with the run's
+health record (rsearch_verl/trainer/health/report.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.models import load_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.trainer.health import RunStopped
+from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.retriever_service import RetrieverService
 
 logger = logging.getLogger(__name__)
@@ -105,6 +110,7 @@ class TrainingSession:
     def __init__(self, cfg: RSearchConfig, run_dir: str):
         self.cfg, self.run_dir = cfg, os.path.abspath(run_dir)
         self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/warm_start.py)
+        self.retriever: RetrieverService | None = None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> TrainingSession:
@@ -129,10 +135,10 @@ class TrainingSession:
         limit = cfg.data.max_prompt_length
         train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=proto)
         val = PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=proto) if data.val_rows else None
-        service = RetrieverService(
+        self.retriever = RetrieverService(
             cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
         )
-        cfg.retriever.url = self._stack.enter_context(service)
+        cfg.retriever.url = self._stack.enter_context(self.retriever)
         _write_config(cfg, self.run_dir)
         return tokenizer, train, val
 
@@ -146,15 +152,20 @@ class TrainingSession:
         if init_ray(self.cfg):
             self._stack.callback(ray.shutdown)
         workers = build_worker_groups(self.cfg)
-        trainer = Trainer(self.cfg, self.run_dir, workers, train, val, tokenizer)
-        history = trainer.fit(progress=_progress_bar(self.cfg.trainer.total_steps, self._stack))
-        summary = self._summarise(history)
+        supervisor = RetrieverSupervisor(self.retriever, self.cfg.retriever)
+        trainer = Trainer(self.cfg, self.run_dir, workers, train, val, tokenizer, supervisor=supervisor)
+        try:
+            history = trainer.fit(progress=_progress_bar(self.cfg.trainer.total_steps, self._stack))
+        except RunStopped:
+            self._summarise(trainer.history, trainer.health.summary())
+            raise
+        summary = self._summarise(history, trainer.health.summary())
         from rsearch_verl.eval.plots import make_plots
 
         logger.info("plots: %s", ", ".join(make_plots(self.run_dir)))
         return summary
 
-    def _summarise(self, history: list[dict]) -> dict:
+    def _summarise(self, history: list[dict], health: dict) -> dict:
         vals = [row for row in history if "val/em" in row]
         summary = {"run_dir": self.run_dir, "steps": self.cfg.trainer.total_steps}
         if vals:
@@ -170,6 +181,7 @@ class TrainingSession:
             report = self.warm_start_report
             summary["warm_start"] = {k: report[k] for k in ("seed", "epochs", "greedy")}
             summary["warm_start"]["probe"] = report["probes"][-1]
+        summary["health"] = health
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         logger.info("summary: %s", json.dumps(summary))

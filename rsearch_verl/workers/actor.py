@@ -10,6 +10,7 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
     sync_rollout_weights()             full state dict -> this process's engine (colocated only)
     full_state_dict()                  the gathered weights (split placement: the driver ships them)
     save_checkpoint(dir) / load_checkpoint(dir)   reshardable (DCP) model + optimizer, scheduler, RNG; dir/hf export
+    set_lr_scale(scale)                lr = actor.optim.lr x scale from now on (the health watchdog's rollback)
 
 Every loss reads the batch's `loss_mask` (written once by the driver, rsearch_verl/batch.py): with masking on,
 observation tokens carry no loss and no gradient.
@@ -87,18 +88,19 @@ class ActorWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         cfg = self.cfg.actor
         kl_coef = float(data.meta_info.get("kl_coef", 0.0))
+        nan_fault = bool(data.meta_info.get("fault_nan_loss", False))  # test-only (rsearch_verl/trainer/health)
         mini = cfg.ppo_mini_batch_size // world_size()
         self.model.train()
         rows = []
         for _ in range(cfg.ppo_epochs):
             for start in range(0, len(data), mini):
-                rows.append(self._optimizer_step(data[start : start + mini], kl_coef))
+                rows.append(self._optimizer_step(data[start : start + mini], kl_coef, nan_fault))
         self.sched.step()
         metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
         metrics["actor/lr"] = self.sched.get_last_lr()[0]
         return DataProto(meta_info={"metrics": metrics})
 
-    def _optimizer_step(self, minibatch: DataProto, kl_coef: float) -> dict[str, float]:
+    def _optimizer_step(self, minibatch: DataProto, kl_coef: float, nan_fault: bool = False) -> dict[str, float]:
         """One optimizer step over a mini-batch, micro-batch by micro-batch; returns the step's metrics."""
         cfg = self.cfg.actor
         mode, scale = cfg.loss_agg_mode, self.cfg.loss_scale_factor
@@ -138,6 +140,9 @@ class ActorWorker(Worker):
                 )
                 loss = loss + kl_coef * kl
                 m.update(kl_m)
+            if nan_fault:
+                loss = loss * float("nan")
+                m["actor/pg_loss"] = float("nan")
             # FSDP averages gradients over ranks; the global denominator already did, so undo the average
             (loss * world_size()).backward()
             parts.append(m)
@@ -176,6 +181,10 @@ class ActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, ckpt_dir: str):
         sharded_checkpoint.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_lr_scale(self, scale: float):
+        fsdp.set_base_lr(self.optim, self.sched, self.cfg.actor.optim.lr * scale)
 
 
 def _export_hf(cfg, tokenizer, state: dict[str, torch.Tensor], out_dir: str) -> None:

@@ -6,6 +6,7 @@ Methods (DP_COMPUTE_PROTO splits the batch over ranks):
     compute_values(batch)        -> values [B, R]: V(state before each response token)
     update_critic(batch)         clipped value loss on the batch's loss_mask; meta_info["metrics"] (critic/*)
     save_checkpoint(dir) / load_checkpoint(dir)
+    set_lr_scale(scale)          lr = critic.optim.lr x scale from now on (the health watchdog's rollback)
 """
 
 from __future__ import annotations
@@ -113,3 +114,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, ckpt_dir: str):
         sharded_checkpoint.load_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_lr_scale(self, scale: float):
+        fsdp.set_base_lr(self.optim, self.sched, self.cfg.critic.optim.lr * scale)

@@ -91,6 +91,16 @@ def build_optimizer(model: torch.nn.Module, optim_cfg, total_steps: int):
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, fn)
 
 
+def set_base_lr(optim: torch.optim.Optimizer, sched, base_lr: float) -> None:
+    """Give `optim` a new base learning rate (the schedule's factor at its current step still applies): the health
+    watchdog's rollback lowers the lr this way after loading a checkpoint (which restores the old one)."""
+    sched.base_lrs = [base_lr for _ in optim.param_groups]
+    for group, factor in zip(optim.param_groups, sched.lr_lambdas, strict=True):
+        group["initial_lr"] = base_lr
+        group["lr"] = base_lr * factor(sched.last_epoch)
+    sched._last_lr = [group["lr"] for group in optim.param_groups]
+
+
 def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
     """Clip the global gradient norm (over all shards); return the norm before clipping."""
     params = [p for p in model.parameters() if p.grad is not None]

@@ -34,6 +34,11 @@ class Source(ABC):
     async def search(self, http: httpx.AsyncClient, queries: list[str], topk: int, timeout_s: float) -> list[list[Doc]]:
         """One list of Docs per query, in order. Non-batched sources get exactly one query."""
 
+    async def healthy(self, http: httpx.AsyncClient, timeout_s: float) -> bool:
+        """Whether the backend answers its health check (the circuit breaker's probe). Sources without one say
+        yes, so a paused search simply tries again."""
+        return True
+
 
 def make_title_doc(doc_id: str, title: str, text: str, score: float, source: str) -> Doc:
     """A Doc in the corpus shape '"Title"\\ntext' (web sources write the same shape as the local corpus)."""

@@ -70,3 +70,10 @@ class LocalSource(Source):
         except ValueError as exc:
             raise SourceResponseError(f"retrieval answer is not JSON: {resp.text[:80]!r}") from exc
         return parse_retrieve_response(body, len(queries))
+
+    async def healthy(self, http: httpx.AsyncClient, timeout_s: float) -> bool:
+        try:
+            resp = await http.get(f"{self.url}/health", headers=self.headers, timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
