@@ -62,9 +62,11 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = getattr(model, "model", model)
-    base = getattr(base, "model", base) if not hasattr(base, "layers") else base
-    return list(getattr(base, "layers", []))
+    """The decoder blocks: the first `layers` ModuleList, wherever wrappers (peft, the value model) put it."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -86,12 +88,13 @@ def _lr_lambda(warmup: int, total: int, kind: str, min_ratio: float):
 
 
 def build_optimizer(model: torch.nn.Module, optim_cfg, total_steps: int):
-    """AdamW + LambdaLR (linear warmup, then constant or cosine to `min_lr_ratio`), stepped once per update."""
+    """AdamW over the trainable parameters (all of them, or LoRA's adapters) + LambdaLR (linear warmup, then constant
+    or cosine to `min_lr_ratio`), stepped once per update."""
     if optim_cfg.lr_scheduler not in ("constant", "cosine"):
         raise ValueError(f"optim.lr_scheduler: {optim_cfg.lr_scheduler!r} is not one of ['constant', 'cosine']")
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    betas = tuple(optim_cfg.betas)
+    optim = torch.optim.AdamW(params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay)
     fn = _lr_lambda(optim_cfg.warmup_steps, total_steps, optim_cfg.lr_scheduler, optim_cfg.min_lr_ratio)
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, fn)
 
@@ -103,6 +106,34 @@ def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def param_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts; DTensor parameters count with their global size."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def optimizer_state_bytes(optim: torch.optim.Optimizer, device: torch.device) -> int:
+    """Bytes of optimizer state (Adam moments, step counters) over all ranks. Collective."""
+    local = 0
+    for state in optim.state.values():
+        for value in state.values():
+            if isinstance(value, DTensor):
+                value = value.to_local()
+            if isinstance(value, torch.Tensor):
+                local += value.numel() * value.element_size()
+    return int(all_reduce_sum(local, device))
+
+
+def param_metrics(model: torch.nn.Module, optim: torch.optim.Optimizer, device: torch.device, role: str) -> dict:
+    """`<role>/trainable_params`, `<role>/total_params`, `<role>/optim_state_bytes` (global). Collective."""
+    trainable, total = param_counts(model)
+    return {
+        f"{role}/trainable_params": float(trainable),
+        f"{role}/total_params": float(total),
+        f"{role}/optim_state_bytes": float(optimizer_state_bytes(optim, device)),
+    }
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
@@ -169,13 +200,22 @@ def _shard_path(ckpt_dir: str) -> str:
     return os.path.join(ckpt_dir, f"shard_rank{rank}_of{world}.pt")
 
 
+def _frozen(model) -> set[str]:
+    """Names of the frozen parameters (LoRA's base weights): rebuilt from `model.path` on load, never saved."""
+    # every name of a tied parameter (a tied LM head) is a state-dict key of its own
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
 def save_checkpoint(ckpt_dir: str, model, optim=None, sched=None, extra: dict | None = None) -> str:
-    """Every rank writes its model/optimizer shards, LR scheduler and RNG state to `ckpt_dir`."""
+    """Every rank writes its model/optimizer shards, LR scheduler and RNG state to `ckpt_dir`. Frozen parameters
+    (LoRA's base model) are left out: the model shard then holds the adapters (and a value head) only."""
     os.makedirs(ckpt_dir, exist_ok=True)
     if optim is not None:
         model_sd, optim_sd = get_state_dict(model, optim)
     else:
         model_sd, optim_sd = get_model_state_dict(model), None
+    frozen = _frozen(model)
+    model_sd = {k: v for k, v in model_sd.items() if k not in frozen}
     state = {
         "model": _to_local(model_sd),
         "optim": _to_local(optim_sd) if optim_sd is not None else None,
@@ -196,6 +236,12 @@ def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint shard {path} (was it written with a different world size?)")
     state = torch.load(path, map_location="cpu", weights_only=False)
+    frozen = _frozen(model)
+    template = get_model_state_dict(model)
+    expected = set(template) - frozen
+    if set(state["model"]) != expected:
+        diff = sorted(set(state["model"]) ^ expected)
+        raise ValueError(f"checkpoint {path} does not fit this model (model.lora_rank changed?): e.g. {diff[:3]}")
     if optim is not None:
         # get_state_dict initialises empty optimizer state, so the templates hold every DTensor we need
         model_t, optim_t = get_state_dict(model, optim)
@@ -204,9 +250,10 @@ def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
             optim,
             model_state_dict=_from_local(model_t, state["model"]),
             optim_state_dict=_from_local(optim_t, state["optim"]),
+            options=StateDictOptions(strict=not frozen),
         )
     else:
-        model.load_state_dict(_from_local(get_model_state_dict(model), state["model"]))
+        model.load_state_dict(_from_local(template, state["model"]), strict=not frozen)
     if sched is not None and state["sched"] is not None:
         sched.load_state_dict(state["sched"])
     set_rng_state(state["rng"])
