@@ -23,6 +23,10 @@ ENGINES = ("hf", "vllm")
 PLACEMENTS = ("colocate", "split")
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Qwen2 / Llama names
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
 class ConfigError(ValueError):
     """An impossible or inconsistent configuration; the message names the offending key."""
 
@@ -56,6 +60,14 @@ class ModelConfig:
     # replace them (the tiny toy policy needs ~1e-4). None keeps the recipe's actor/critic optim.lr.
     actor_lr: float | None = None
     critic_lr: float | None = None
+    # LoRA through peft (docs/lora_and_packing.md): 0 = off (full fine-tuning). With a rank, actor and critic train
+    # adapters on the frozen base; the reference policy is the actor with its adapters disabled (no second copy).
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # scaling = lora_alpha / lora_rank
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # or ["all-linear"]
+    # transformers' attention kernel for the training forward passes (actor, reference, critic): None = transformers'
+    # default (SDPA); "flash_attention_2" on GPU with the flash-attn package (packed sequences use its varlen kernel)
+    attn_implementation: str | None = None
 
 
 @dataclass
@@ -194,6 +206,11 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_type: str = "low_var_kl"
+    # sequence packing (docs/lora_and_packing.md; verl's names): forward the real tokens only, and/or form micro-batches
+    # by a token budget (real tokens per micro-batch per worker) instead of micro_batch_size rows
+    use_remove_padding: bool = False
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # used with use_dynamic_bsz (also for the no-grad log-prob passes)
 
 
 @dataclass
@@ -205,6 +222,9 @@ class CriticConfig:
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    use_remove_padding: bool = False  # as actor.use_remove_padding
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
 
 
 @dataclass
@@ -375,6 +395,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
             f"{sub.micro_batch_size} does not divide the {per_worker} trajectories per worker per mini-batch",
         )
     _check(n_traj % cfg.world_size == 0, "data.train_batch_size", f"{n_traj} trajectories vs {cfg.world_size} workers")
+    _validate_lora_and_packing(cfg)
     _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
     _check(cfg.rollout.temperature > 0, "rollout.temperature", "training samples must be > 0 (greedy is val only)")
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
@@ -404,6 +425,28 @@ def _validate_health(cfg: RSearchConfig) -> None:
     _check(0 <= wd.entropy_collapse < 1, "trainer.watchdog.entropy_collapse", "must be in [0, 1)")
     _check(wd.entropy_explode > 1, "trainer.watchdog.entropy_explode", "must be > 1")
     _check(wd.length_blowup > 1, "trainer.watchdog.length_blowup", "must be > 1")
+
+
+def _validate_lora_and_packing(cfg: RSearchConfig) -> None:
+    m = cfg.model
+    _check(m.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = no LoRA)")
+    if m.lora_rank > 0:
+        _check(m.lora_alpha > 0, "model.lora_alpha", "must be > 0")
+        _check(len(m.lora_target_modules) > 0, "model.lora_target_modules", "name at least one module")
+    if m.attn_implementation is not None:
+        _one_of(m.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
+        if m.attn_implementation == "flash_attention_2":
+            _check(cfg.trainer.device == "cuda", "model.attn_implementation", "flash_attention_2 needs device=cuda")
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    for role in ("actor", "critic"):
+        sub = getattr(cfg, role)
+        if sub.use_dynamic_bsz:
+            _check(
+                sub.ppo_max_token_len_per_gpu >= longest,
+                f"{role}.ppo_max_token_len_per_gpu",
+                f"{sub.ppo_max_token_len_per_gpu} < data.max_prompt_length + rollout.max_response_length = {longest}:"
+                " the longest trajectory would not fit in a micro-batch",
+            )
 
 
 def from_omegaconf(oc_cfg: Any) -> RSearchConfig:

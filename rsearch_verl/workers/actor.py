@@ -1,6 +1,11 @@
 """The actor worker: the FSDP2-sharded policy, its frozen reference copy and (colocated placement) the rollout
 engine, in one process per device — verl's "hybrid" layout on our own worker built on `verl.single_controller`.
 
+With LoRA (`model.lora_rank > 0`, rsearch_verl/workers/lora.py) the policy is a peft model whose base is frozen; the
+reference is the same model with its adapters disabled (no copy); engines and the HF export get merged weights under
+the base model's names; checkpoints hold the adapters and their optimizer state. Packing and token-budget
+micro-batches (`actor.use_remove_padding`, `actor.use_dynamic_bsz`): rsearch_verl/workers/packing.py.
+
 Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO splits the batch over ranks):
     init_model()                       build, shard, optimizer + LR schedule; the rollout engine when colocated
     compute_log_prob(batch)            -> old_log_probs [B, R]
@@ -29,14 +34,16 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.workers import fsdp, sharded_checkpoint
+from rsearch_verl.models import set_attn_implementation
+from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
+    check_remove_padding,
     global_denominator,
     mean_metrics,
     response_log_probs,
-    split_rows,
     world_size,
 )
+from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.rollout import RolloutRunner, build_policy
 
 logger = logging.getLogger(__name__)
@@ -49,6 +56,7 @@ class ActorWorker(Worker):
         self.with_rollout = with_rollout
         self.rollout: RolloutRunner | None = None
         self.ref = None
+        self.use_lora = False
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -57,21 +65,34 @@ class ActorWorker(Worker):
         self.device = fsdp.init_distributed(cfg.trainer.device)
         torch.manual_seed(cfg.seed)
         self.tokenizer, model = build_policy(cfg)  # seeded: every rank starts from the same weights
-        if self.with_rollout:
+        if self.with_rollout:  # the engine copies the plain base model (LoRA weights reach it merged)
             self.rollout = RolloutRunner(cfg, model, self.tokenizer, self.device)
-        if cfg.use_ref:
+        set_attn_implementation(model, cfg.model)
+        self.use_lora = lora.lora_enabled(cfg.model)
+        if self.use_lora:  # the reference is this model with its adapters disabled: no copy
+            model = lora.add_lora(model, cfg.model)
+        elif cfg.use_ref:
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, self.device)
         self.model = fsdp.shard_model(model, self.device)
         self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
+        if cfg.actor.use_remove_padding:
+            check_remove_padding(self.model, self.device, len(self.tokenizer))
 
     # ------------------------------------------------------------------ forward passes
+    def _micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
+        cfg = self.cfg.actor
+        budget = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        return micro_batches(data, cfg.micro_batch_size, budget, self.device)
+
     @torch.no_grad()
     def _log_probs(self, model, data: DataProto) -> torch.Tensor:
         model.eval()
-        micro = self.cfg.actor.micro_batch_size
-        return torch.cat([response_log_probs(model, m, self.device)[0].cpu() for m in split_rows(data, micro)])
+        micros, order = self._micro_batches(data)
+        rmpad = self.cfg.actor.use_remove_padding
+        out = [response_log_probs(model, m, self.device, remove_padding=rmpad)[0].cpu() for m in micros]
+        return restore_order(torch.cat(out), order)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -79,6 +100,9 @@ class ActorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if self.use_lora:
+            with self.model.disable_adapter():  # peft: the frozen base model, i.e. the reference policy
+                return DataProto.from_dict(tensors={"ref_log_prob": self._log_probs(self.model, data)})
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob: no reference model (neither KL in reward nor KL loss is on)")
         return DataProto.from_dict(tensors={"ref_log_prob": self._log_probs(self.ref, data)})
@@ -98,6 +122,7 @@ class ActorWorker(Worker):
         self.sched.step()
         metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
         metrics["actor/lr"] = self.sched.get_last_lr()[0]
+        metrics.update(fsdp.param_metrics(self.model, self.optim, self.device, "actor"))
         return DataProto(meta_info={"metrics": metrics})
 
     def _optimizer_step(self, minibatch: DataProto, kl_coef: float, nan_fault: bool = False) -> dict[str, float]:
@@ -108,10 +133,11 @@ class ActorWorker(Worker):
         denom = global_denominator(minibatch.batch["loss_mask"], mode, self.device)
         self.optim.zero_grad(set_to_none=True)
         parts = []
-        for micro in split_rows(minibatch, cfg.micro_batch_size):
+        for micro in self._micro_batches(minibatch)[0]:
             t = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = t["loss_mask"]
-            log_prob, entropy = response_log_probs(self.model, micro, self.device, with_entropy=cfg.entropy_coeff != 0)
+            with_entropy, rmpad = cfg.entropy_coeff != 0, cfg.use_remove_padding
+            log_prob, entropy = response_log_probs(self.model, micro, self.device, with_entropy, remove_padding=rmpad)
             loss, m = policy_loss(
                 old_log_prob=t["old_log_probs"],
                 log_prob=log_prob,
@@ -160,23 +186,32 @@ class ActorWorker(Worker):
             raise RuntimeError("generate_sequences: this actor has no rollout engine (trainer.placement=split)")
         return self.rollout.generate(prompts)
 
+    def _base_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the base model's names and weights, LoRA merged in; the raw gathered state). Collective."""
+        state = fsdp.full_state_dict(self.model)
+        return (lora.merged_state_dict(self.model, state) if self.use_lora else state), state
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self):
-        state = fsdp.full_state_dict(self.model)  # collective: every rank gathers, each feeds its own engine
+        state, _ = self._base_state_dict()  # collective: every rank gathers, each feeds its own engine
         if self.rollout is not None:
             self.rollout.load_weights(state)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return fsdp.full_state_dict(self.model)
+        """The policy's weights under the base model's names (LoRA merged): what a rollout engine loads."""
+        return self._base_state_dict()[0]
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, ckpt_dir: str):
+        # LoRA: adapters + their optimizer state (the frozen base is rebuilt from model.path)
         sharded_checkpoint.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
-        state = fsdp.full_state_dict(self.model)
+        merged, raw = self._base_state_dict()
         if self.rank == 0:  # a Hugging Face directory any tool (eval, vLLM, transformers) can load
-            _export_hf(self.cfg, self.tokenizer, state, os.path.join(ckpt_dir, "hf"))
+            _export_hf(self.cfg, self.tokenizer, merged, os.path.join(ckpt_dir, "hf"))
+            if self.use_lora:  # and the adapter alone, in peft's format
+                lora.save_adapter(self.model, raw, os.path.join(ckpt_dir, "adapter"))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, ckpt_dir: str):

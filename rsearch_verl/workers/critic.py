@@ -2,7 +2,8 @@
 sharded with FSDP2, on `verl.single_controller` like the actor.
 
 Methods (DP_COMPUTE_PROTO splits the batch over ranks):
-    init_model()                 backbone from the same weights as the policy (as in Search-R1), head zero-init
+    init_model()                 backbone from the same weights as the policy (as in Search-R1), head zero-init;
+                                 with LoRA (model.lora_rank > 0) the backbone is frozen and carries its own adapters
     compute_values(batch)        -> values [B, R]: V(state before each response token)
     update_critic(batch)         clipped value loss on the batch's loss_mask; meta_info["metrics"] (critic/*)
     save_checkpoint(dir) / load_checkpoint(dir)
@@ -20,8 +21,16 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.workers import fsdp, sharded_checkpoint
-from rsearch_verl.workers.forward import global_denominator, mean_metrics, response_values, split_rows, world_size
+from rsearch_verl.models import set_attn_implementation
+from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
+from rsearch_verl.workers.forward import (
+    check_remove_padding,
+    global_denominator,
+    mean_metrics,
+    response_values,
+    world_size,
+)
+from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.rollout import build_policy
 
 logger = logging.getLogger(__name__)
@@ -39,6 +48,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """[b, S] values; `attention_mask=None` with packed position ids: one packed row (workers/packing.py)."""
         hidden = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
@@ -55,16 +65,29 @@ class CriticWorker(Worker):
         cfg = self.cfg
         self.device = fsdp.init_distributed(cfg.trainer.device)
         torch.manual_seed(cfg.seed)
-        _, lm = build_policy(cfg)
+        tokenizer, lm = build_policy(cfg)
+        set_attn_implementation(lm, cfg.model)
+        if lora.lora_enabled(cfg.model):  # the critic's own adapters on a frozen backbone; the value head trains fully
+            lm = lora.add_lora(lm, cfg.model).get_base_model()
         self.model = fsdp.shard_model(ValueModel(lm), self.device)
         self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.critic.optim, total_steps=cfg.trainer.total_steps)
+        if cfg.critic.use_remove_padding:
+            check_remove_padding(self.model, self.device, len(tokenizer), values=True)
+
+    def _micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
+        cfg = self.cfg.critic
+        budget = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        return micro_batches(data, cfg.micro_batch_size, budget, self.device)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:
         self.model.eval()
-        micro = self.cfg.critic.micro_batch_size
-        values = torch.cat([response_values(self.model, m, self.device).cpu() for m in split_rows(data, micro)])
+        micros, order = self._micro_batches(data)
+        rmpad = self.cfg.critic.use_remove_padding
+        values = restore_order(
+            torch.cat([response_values(self.model, m, self.device, remove_padding=rmpad).cpu() for m in micros]), order
+        )
         # 0 outside the loss mask: with masking on, observation positions are no state of the value chain
         return DataProto.from_dict(tensors={"values": values * data.batch["loss_mask"]})
 
@@ -80,6 +103,7 @@ class CriticWorker(Worker):
         self.sched.step()
         metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
         metrics["critic/lr"] = self.sched.get_last_lr()[0]
+        metrics.update(fsdp.param_metrics(self.model, self.optim, self.device, "critic"))
         return DataProto(meta_info={"metrics": metrics})
 
     def _optimizer_step(self, minibatch: DataProto) -> dict[str, float]:
@@ -87,9 +111,9 @@ class CriticWorker(Worker):
         denom = global_denominator(minibatch.batch["loss_mask"], cfg.loss_agg_mode, self.device)
         self.optim.zero_grad(set_to_none=True)
         parts = []
-        for micro in split_rows(minibatch, cfg.micro_batch_size):
+        for micro in self._micro_batches(minibatch)[0]:
             t = {k: v.to(self.device) for k, v in micro.batch.items()}
-            values = response_values(self.model, micro, self.device)
+            values = response_values(self.model, micro, self.device, remove_padding=cfg.use_remove_padding)
             loss, m = value_loss(
                 values=values,
                 old_values=t["values"],

@@ -4,9 +4,13 @@ under a value model, and the micro-batch / loss-denominator bookkeeping of a dat
 Shapes follow rsearch_verl/batch.py: input_ids [B, P+R]; the logits at position t predict token t+1, so the
 response's log-probs come from positions P-1 … P+R-2 (the same alignment verl uses).
 
+With `remove_padding=True` the same quantities come from one packed forward over the micro-batch's real tokens
+(rsearch_verl/workers/packing.py) and are scattered back to [b, R] (0 on padding); the LM head then runs only on the
+positions that predict a response token.
+
 Usage (inside a worker):
-    log_probs, entropy = response_log_probs(model, micro, with_entropy=True)   # [b, R] each
-    values = response_values(value_model, micro)                              # [b, R]
+    log_probs, entropy = response_log_probs(model, micro, device, with_entropy=True)   # [b, R] each
+    values = response_values(value_model, micro, device, remove_padding=True)         # [b, R]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from verl import DataProto
 
 from rsearch_verl.algos.losses import agg_denominator
 from rsearch_verl.algos.losses import entropy_from_logits as _entropy
+from rsearch_verl.workers.packing import PackedRows
 
 
 def _model_inputs(data: DataProto, device: torch.device) -> dict[str, torch.Tensor]:
@@ -28,36 +33,97 @@ def _model_inputs(data: DataProto, device: torch.device) -> dict[str, torch.Tens
     }
 
 
+def _packed(data: DataProto, device: torch.device) -> tuple[PackedRows, torch.Tensor, int]:
+    """The micro-batch's real tokens as one row, and the packed indices of the positions that predict (or hold the
+    state before) a response token: padded columns S-R-1 … S-2, as in the padded path's slice."""
+    inputs = _model_inputs(data, device)
+    packed = PackedRows.from_padded(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+    start = inputs["input_ids"].shape[1] - data.batch["responses"].shape[1] - 1
+    return packed, packed.window(start, data.batch["responses"].shape[1]), start
+
+
+def _response_logits(model, data: DataProto, device: torch.device, remove_padding: bool):
+    """(logits [..., V] at the response-predicting positions, their target ids [...], a function placing [...] values
+    into [b, R]). Padded: [b, R] as they are. Packed: [N] real positions only (the LM head runs on those alone)."""
+    resp_len = data.batch["responses"].shape[1]
+    if not remove_padding:
+        out = model(**_model_inputs(data, device), use_cache=False)
+        return out.logits[:, -resp_len - 1 : -1, :], data.batch["responses"].to(device), lambda x: x
+    packed, keep, start = _packed(data, device)
+    out = model(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=None,  # with no mask (and no cache) the position-id restarts are the sequence boundaries
+        use_cache=False,
+        logits_to_keep=keep,
+    )
+    # the target of padded column c is column c + 1 of the same row (c <= S-2 inside the window)
+    targets = data.batch["input_ids"].to(device).flatten()[packed.flat[keep] + 1]
+    return out.logits[0], targets, lambda x: packed.scatter(x, keep, start, resp_len)
+
+
 def response_log_probs(
-    model: torch.nn.Module, data: DataProto, device: torch.device, with_entropy: bool = False
+    model: torch.nn.Module,
+    data: DataProto,
+    device: torch.device,
+    with_entropy: bool = False,
+    remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token) [b, R] (float32) and optionally the entropy of each position's distribution, under
     the distribution the rollout sampled from: logits / `meta_info["temperature"]` (as verl's actor does; 1 when
-    absent), so old, new and reference log-probs and the engine's own all describe the same policy."""
-    resp_len = data.batch["responses"].shape[1]
-    out = model(**_model_inputs(data, device), use_cache=False)
-    logits = out.logits[:, -resp_len - 1 : -1, :].float()
+    absent), so old, new and reference log-probs and the engine's own all describe the same policy.
+    `remove_padding`: one packed forward over the real tokens (rsearch_verl/workers/packing.py); 0 on padding."""
     temperature = float(data.meta_info.get("temperature", 1.0))
     if temperature <= 0:
         raise ValueError(f"response_log_probs: temperature must be > 0 for training, got {temperature}")
+    logits, targets, place = _response_logits(model, data, device, remove_padding)
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    targets = data.batch["responses"].to(device)
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = _entropy(logits) if with_entropy else None
-    return log_probs, entropy
+    entropy = place(_entropy(logits)) if with_entropy else None
+    return place(log_probs), entropy
 
 
-def response_values(value_model: torch.nn.Module, data: DataProto, device: torch.device) -> torch.Tensor:
+def response_values(
+    value_model: torch.nn.Module, data: DataProto, device: torch.device, remove_padding: bool = False
+) -> torch.Tensor:
     """V(state before each response token) [b, R] from a `ValueModel` (rsearch_verl/workers/critic.py)."""
     resp_len = data.batch["responses"].shape[1]
-    values = value_model(**_model_inputs(data, device))
-    return values[:, -resp_len - 1 : -1].float()
+    if not remove_padding:
+        values = value_model(**_model_inputs(data, device))
+        return values[:, -resp_len - 1 : -1].float()
+    packed, keep, start = _packed(data, device)
+    values = value_model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids)
+    return packed.scatter(values[0, keep].float(), keep, start, resp_len)
 
 
-def split_rows(data: DataProto, size: int) -> list[DataProto]:
-    """Consecutive row slices of at most `size` rows (the last may be shorter)."""
-    return [data[i : i + size] for i in range(0, len(data), size)]
+@torch.no_grad()
+def check_remove_padding(model: torch.nn.Module, device: torch.device, vocab_size: int, values: bool = False) -> None:
+    """Fail loudly when this model's packed forward differs from its padded one (a model class whose attention
+    ignores position-id restarts would silently let sequences attend to each other). Collective under FSDP: every
+    rank calls it. Two padded rows of random tokens; tolerance 1e-3 in float32 (cross-talk moves outputs by ~0.1-1)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (2, 12), generator=g)
+    attn = torch.ones(2, 12, dtype=torch.long)
+    attn[0, :3] = 0  # left padding
+    attn[1, -4:] = 0  # right padding
+    tensors = {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0)}
+    tensors["responses"] = ids[:, 6:]
+    data = DataProto.from_dict(tensors=tensors)
+    fn = response_values if values else (lambda *a, **k: response_log_probs(*a, **k)[0])
+    was_training = model.training
+    model.eval()
+    padded, packed = fn(model, data, device).cpu(), fn(model, data, device, remove_padding=True).cpu()
+    model.train(was_training)
+    mask = attn[:, 6:].bool()
+    gap = float((padded - packed).abs()[mask].max())
+    tol = 5e-2 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-3
+    if not gap <= tol:  # NaN fails too
+        raise RuntimeError(
+            f"use_remove_padding: the packed forward of {type(model).__name__} differs from the padded one by {gap:.3g}"
+            " (its attention does not treat position-id restarts as sequence boundaries); turn remove padding off"
+        )
 
 
 def global_denominator(mask: torch.Tensor, mode: str, device: torch.device) -> float:

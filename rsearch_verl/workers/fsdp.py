@@ -57,9 +57,11 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = getattr(model, "model", model)
-    base = getattr(base, "model", base) if not hasattr(base, "layers") else base
-    return list(getattr(base, "layers", []))
+    """The decoder blocks: the first `layers` ModuleList, wherever wrappers (peft, the value model) put it."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -81,12 +83,13 @@ def _lr_lambda(warmup: int, total: int, kind: str, min_ratio: float):
 
 
 def build_optimizer(model: torch.nn.Module, optim_cfg, total_steps: int):
-    """AdamW + LambdaLR (linear warmup, then constant or cosine to `min_lr_ratio`), stepped once per update."""
+    """AdamW over the trainable parameters (all of them, or LoRA's adapters) + LambdaLR (linear warmup, then constant
+    or cosine to `min_lr_ratio`), stepped once per update."""
     if optim_cfg.lr_scheduler not in ("constant", "cosine"):
         raise ValueError(f"optim.lr_scheduler: {optim_cfg.lr_scheduler!r} is not one of ['constant', 'cosine']")
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    betas = tuple(optim_cfg.betas)
+    optim = torch.optim.AdamW(params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay)
     fn = _lr_lambda(optim_cfg.warmup_steps, total_steps, optim_cfg.lr_scheduler, optim_cfg.min_lr_ratio)
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, fn)
 
@@ -108,6 +111,34 @@ def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def param_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts; DTensor parameters count with their global size."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def optimizer_state_bytes(optim: torch.optim.Optimizer, device: torch.device) -> int:
+    """Bytes of optimizer state (Adam moments, step counters) over all ranks. Collective."""
+    local = 0
+    for state in optim.state.values():
+        for value in state.values():
+            if isinstance(value, DTensor):
+                value = value.to_local()
+            if isinstance(value, torch.Tensor):
+                local += value.numel() * value.element_size()
+    return int(all_reduce_sum(local, device))
+
+
+def param_metrics(model: torch.nn.Module, optim: torch.optim.Optimizer, device: torch.device, role: str) -> dict:
+    """`<role>/trainable_params`, `<role>/total_params`, `<role>/optim_state_bytes` (global). Collective."""
+    trainable, total = param_counts(model)
+    return {
+        f"{role}/trainable_params": float(trainable),
+        f"{role}/total_params": float(total),
+        f"{role}/optim_state_bytes": float(optimizer_state_bytes(optim, device)),
+    }
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:

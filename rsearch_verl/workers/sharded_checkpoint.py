@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -41,13 +42,24 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def _frozen(model) -> set[str]:
+    """Names of the frozen parameters (LoRA's base weights): rebuilt from `model.path` on load, never saved."""
+    # every name of a tied parameter (a tied LM head) is a state-dict key of its own
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
 def _state(model, optim) -> dict:
-    """The DCP state dict: the model's (and optimizer's) sharded tensors, keyed by fully qualified name."""
+    """The DCP state dict: the model's trainable (and optimizer's) sharded tensors, keyed by fully qualified name.
+    With LoRA the model part holds the adapters (and a value head) only."""
+    frozen = _frozen(model)
     if optim is None:
-        return {"model": get_model_state_dict(model)}
-    # get_state_dict also initialises an optimizer that has not stepped yet, so loading has a full template
-    model_sd, optim_sd = get_state_dict(model, optim)
-    return {"model": model_sd, "optim": optim_sd}
+        model_sd, optim_sd = get_model_state_dict(model), None
+    else:  # get_state_dict also initialises an optimizer that has not stepped yet, so loading has a full template
+        model_sd, optim_sd = get_state_dict(model, optim)
+    state = {"model": {k: v for k, v in model_sd.items() if k not in frozen}}
+    if optim_sd is not None:
+        state["optim"] = optim_sd
+    return state
 
 
 def save_checkpoint(ckpt_dir: str, model, optim=None, sched=None, extra: dict | None = None) -> str:
@@ -76,11 +88,15 @@ def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
     if not os.path.isfile(os.path.join(path, ".metadata")):
         raise FileNotFoundError(f"no DCP checkpoint in {path}")
     state = _state(model, optim)
-    dcp.load(state, checkpoint_id=path)  # in place, each rank reading the slices of its own shards
+    try:
+        dcp.load(state, checkpoint_id=path)  # in place, each rank reading the slices of its own shards
+    except RuntimeError as exc:
+        raise ValueError(f"checkpoint {path} does not fit this model (model.lora_rank changed?): {exc}") from exc
+    options = StateDictOptions(strict=not _frozen(model))
     if optim is None:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
     else:
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     rank, world = _rank_world()
     own = os.path.join(ckpt_dir, f"rank{rank}.pt")
     local = torch.load(own if os.path.isfile(own) else os.path.join(ckpt_dir, "rank0.pt"), weights_only=False)
