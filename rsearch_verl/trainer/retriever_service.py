@@ -74,14 +74,11 @@ class RetrieverService:
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self._log_file = None
-
-    @property
-    def owned(self) -> bool:
-        """True when this service started the server (and may restart it); False for an external retriever.url."""
-        return not self.cfg.url
+        # decided now: the session writes the own server's URL into cfg.url once it is up
+        self.owned = not cfg.url  # True: this service starts the server (and may restart it)
 
     def __enter__(self) -> str:
-        if self.cfg.url:
+        if not self.owned:
             self.url = self.cfg.url.rstrip("/")
             try:
                 info = wait_healthy(self.url, self.cfg.start_timeout_s)

@@ -41,13 +41,17 @@ FAST = [
     "trainer.test_freq=0",
     "trainer.val_before_train=false",
     "rollout.max_tokens_per_turn=40",
+    "rollout.temperature=0.5",  # the short-trained policy below searches in every trajectory at 0.5
     "retriever.supervisor.check_interval_s=0.5",
 ]
 
 
 @pytest.fixture(scope="module")
 def searching_policy(toy_cache, tmp_path_factory) -> str:
-    """The tiny policy after a short SFT on demonstrations that always search (an HF dir for model.sft_checkpoint)."""
+    """The tiny policy after a short SFT (~40 s on 2 busy cores) on the first turn of toy world demonstrations that
+    always search (`<search> the birthplace of X </search>`): an HF dir for model.sft_checkpoint."""
+    import torch
+
     from rsearch_verl.config import load_config
     from rsearch_verl.data.toy_world import build_toy_world, toy_tokenizer
     from rsearch_verl.sft import SFTOptions, load_policy, save_hf, train_sft
@@ -56,22 +60,45 @@ def searching_policy(toy_cache, tmp_path_factory) -> str:
     cfg = load_config([f"+recipe={RECIPE}", *TINY, *FAST, f"data.toy_world.cache_dir={toy_cache}"])
     cfg.model.tokenizer_path = toy_tokenizer(build_toy_world(cfg.data.toy_world), [cfg.rollout.protocol])
     model, tokenizer = load_policy(cfg, seed=0)
-    demos = toy_demos(cfg, n=64, p_no_search=0.0, seed=1)
-    opts = SFTOptions(epochs=3, lr=3e-3, batch_size=8, warmup_steps=2, schedule="constant")
-    train_sft(model, tokenizer, demos, opts)
+    demos = []
+    for demo in toy_demos(cfg, n=32, p_no_search=0.0, seed=1):
+        first = demo["segments"][0][1]
+        demos.append({"prompt": demo["prompt"], "segments": [("policy", first[first.index("<search>") :])]})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on two shared cores were ~10x slower here
+    try:
+        train_sft(model, tokenizer, demos, SFTOptions(epochs=10, lr=3e-3, warmup_steps=2, schedule="constant"))
+    finally:
+        torch.set_num_threads(threads)
     return save_hf(model, tokenizer, str(tmp_path_factory.mktemp("policy") / "searching"))
+
+
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans():
+    """Whatever a test started is gone after it, even when it fails or times out (a driver has its own session)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _start(run_dir, toy_cache: str, policy: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
     cmd = main_cmd(RECIPE, run_dir, toy_cache, *FAST, f"model.sft_checkpoint={policy}", *overrides)
     log = open(os.path.join(str(run_dir) + ".log"), "w")  # noqa: SIM115 - closed with the process by the OS
     os.makedirs(run_dir, exist_ok=True)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         cmd, cwd=ROOT, env={**child_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
+    _STARTED.append(proc)
+    return proc
 
 
-def _finish(proc: subprocess.Popen, run_dir, timeout: float = 420) -> tuple[int, str]:
+def _finish(proc: subprocess.Popen, run_dir, timeout: float = 900) -> tuple[int, str]:
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -82,7 +109,7 @@ def _finish(proc: subprocess.Popen, run_dir, timeout: float = 420) -> tuple[int,
         return code, f.read()
 
 
-def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 300) -> float:
+def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 900) -> float:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         assert proc.poll() is None, f"driver exited early with {proc.returncode}"
@@ -117,6 +144,7 @@ def _rollout_lines(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # several runs; ~1-2 min each on an idle 2-core machine, far more on a shared busy one
 def test_retriever_killed_and_nan_loss_run_completes(tmp_path, toy_cache, searching_policy):
     run_dir = tmp_path / "run"
     nan_at_3 = {"RSEARCH_FAULT_NAN_LOSS_STEP": "3"}
@@ -162,6 +190,7 @@ def test_retriever_killed_and_nan_loss_run_completes(tmp_path, toy_cache, search
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # several runs; ~1-2 min each on an idle 2-core machine, far more on a shared busy one
 def test_external_retriever_gone_then_worker_killed_resume_finishes(tmp_path, toy_cache, searching_policy):
     from rsearch_verl.config import load_config
     from rsearch_verl.data.toy_world import build_toy_world
@@ -183,7 +212,10 @@ def test_external_retriever_gone_then_worker_killed_resume_finishes(tmp_path, to
     serve = [sys.executable, "-m", "retrieval_server", "serve", "--index", index, "--port", str(port)]
 
     def external_server() -> subprocess.Popen:
-        server = subprocess.Popen(serve, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            serve, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        _STARTED.append(server)
         wait_healthy(url, 120, server)
         return server
 

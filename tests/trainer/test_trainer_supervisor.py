@@ -55,7 +55,8 @@ def test_killed_server_is_restarted_on_the_same_port_while_a_step_runs(corpus_in
     corpus, index = corpus_index
     service = RetrieverService(_cfg(), corpus, index, log_path=str(tmp_path / "retriever.log"))
     with service as url:
-        sup = RetrieverSupervisor(service, _cfg())
+        service.cfg.url = url  # as the training session does: the workers read the URL from the config
+        sup = RetrieverSupervisor(service, service.cfg)
         assert _search_ok(url)
         first_pid = service.proc.pid
         with sup.watching():  # a step is running

@@ -83,11 +83,14 @@ def test_health_record_status_reasons_and_round_trip():
     health.add_step({"retriever/restarts": 0.0, "search/errors": 0.0, "rollout/dropped_trajectories": 0.0})
     assert health.summary()["status"] == "ok" and health.summary()["reasons"] == []
     health.add_step({"retriever/restarts": 1.0, "retriever/down_s": 2.5, "rollout/dropped_trajectories": 3.0})
-    health.add_outages([{"down_s": 2.5, "restarts": 1, "recovered": True}], step=4)
+    health.add_outages([{"down_s": 2.0, "restarts": 1, "recovered": True}], step=4)
+    health.add_outages([{"down_s": 0.5, "restarts": 0, "recovered": True}], step=5)
     health.record_rollback(step=6, restored=5, trips={"nonfinite": math.nan}, lr_scale=0.5)
     summary = health.summary()
     assert summary["status"] == "degraded" and summary["retriever_restarts"] == 1 and summary["lr_scale"] == 0.5
-    assert summary["dropped_trajectories"] == 3 and summary["outages"][0]["step"] == 4
+    assert summary["dropped_trajectories"] == 3 and [o["step"] for o in summary["outages"]] == [4, 5]
+    assert summary["retriever_down_s"] == 2.5
+    assert "retriever down 2.5 s in 2 outage(s), 1 restart(s)" in summary["reasons"]
     assert any("rolled back to step 5" in r for r in summary["reasons"])
     json.dumps(summary, allow_nan=False)  # summary.json stays valid JSON (a NaN trip value is written as a string)
     health.record_stop(step=7, reason="the retriever did not answer")

@@ -1,8 +1,9 @@
 """The health record of a run: what went wrong and what the driver did about it, for `summary.json`.
 
-It sums the health metrics of every executed step (retriever restarts and down time, circuit breaker trips and paused
-time, search errors, dropped trajectories, skipped updates), and keeps the retriever outages, the watchdog's rollbacks
-and a stop, if any. It is saved in every checkpoint (`trainer_state.json`), so a resumed run reports the whole run.
+It sums the health metrics of every executed step (circuit breaker trips and paused time, search errors, dropped
+trajectories, skipped updates), and keeps the retriever outages the driver saw (each with its down time and restarts;
+the summary's `retriever_down_s` / `retriever_restarts` are their sums), the watchdog's rollbacks and a stop, if any.
+It is saved in every checkpoint (`trainer_state.json`), so a resumed run reports the whole run.
 
     health = RunHealth()
     health.add_step(metrics)                      # after every step (tripped ones too: what happened, happened)
@@ -19,8 +20,6 @@ import math
 
 # step metric -> counter in the record
 COUNTED = {
-    "retriever/restarts": "retriever_restarts",
-    "retriever/down_s": "retriever_down_s",
     "search/breaker_trips": "breaker_trips",
     "search/breaker_wait_s": "breaker_wait_s",
     "search/errors": "search_errors",
@@ -56,7 +55,12 @@ class RunHealth:
         self.stop = {"step": step, "reason": reason}
 
     def summary(self) -> dict:
-        counts = {k: (round(v, 3) if k.endswith("_s") else int(v)) for k, v in self.counts.items()}
+        counts = {
+            "retriever_restarts": sum(o.get("restarts", 0) for o in self.outages),
+            "retriever_down_s": sum(o.get("down_s", 0.0) for o in self.outages),
+            **self.counts,
+        }
+        counts = {k: (round(v, 3) if k.endswith("_s") else int(v)) for k, v in counts.items()}
         reasons = self._reasons(counts)
         status = "stopped" if self.stop else ("degraded" if reasons else "ok")
         out = {"status": status, "reasons": reasons, **counts, "outages": self.outages, "rollbacks": self.rollbacks}
@@ -68,7 +72,7 @@ class RunHealth:
 
     def _reasons(self, c: dict) -> list[str]:
         reasons = []
-        if self.outages or c["retriever_restarts"]:
+        if self.outages:
             reasons.append(
                 f"retriever down {c['retriever_down_s']:.1f} s in {len(self.outages)} outage(s), "
                 f"{c['retriever_restarts']} restart(s)"
