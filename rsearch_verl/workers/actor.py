@@ -34,7 +34,6 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.models import set_attn_implementation
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -45,6 +44,7 @@ from rsearch_verl.workers.forward import (
 )
 from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.rollout import RolloutRunner, build_policy
+from rsearch_verl.workers.varlen_attention import configure_attention
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class ActorWorker(Worker):
         self.tokenizer, model = build_policy(cfg)  # seeded: every rank starts from the same weights
         if self.with_rollout:  # the engine copies the plain base model (LoRA weights reach it merged)
             self.rollout = RolloutRunner(cfg, model, self.tokenizer, self.device)
-        set_attn_implementation(model, cfg.model)
+        configure_attention(model, cfg.model, cfg.actor.use_remove_padding)
         self.use_lora = lora.lora_enabled(cfg.model)
         if self.use_lora:  # the reference is this model with its adapters disabled: no copy
             model = lora.add_lora(model, cfg.model)

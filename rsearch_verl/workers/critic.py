@@ -21,7 +21,6 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
-from rsearch_verl.models import set_attn_implementation
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -32,6 +31,7 @@ from rsearch_verl.workers.forward import (
 )
 from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.rollout import build_policy
+from rsearch_verl.workers.varlen_attention import configure_attention
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class CriticWorker(Worker):
         self.device = fsdp.init_distributed(cfg.trainer.device)
         torch.manual_seed(cfg.seed)
         tokenizer, lm = build_policy(cfg)
-        set_attn_implementation(lm, cfg.model)
+        configure_attention(lm, cfg.model, cfg.critic.use_remove_padding)
         if lora.lora_enabled(cfg.model):  # the critic's own adapters on a frozen backbone; the value head trains fully
             lm = lora.add_lora(lm, cfg.model).get_base_model()
         self.model = fsdp.shard_model(ValueModel(lm), self.device)

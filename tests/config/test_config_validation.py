@@ -48,11 +48,24 @@ def test_smollm2_group_needs_no_path():
         (["rollout.prompt_variant=chat"], "rollout.prompt_variant"),
         (["critic.enable=false"], "critic.enable"),
         (["trainer.device=cuda", "trainer.n_gpus_per_node=0"], "n_gpus_per_node"),
+        (["model.lora_rank=-1"], "model.lora_rank"),
+        (["model.lora_rank=8", "model.lora_target_modules=[]"], "model.lora_target_modules"),
+        (["model.attn_implementation=flash_attention_2"], "model.attn_implementation"),  # CPU
+        (["model.attn_implementation=flash3"], "model.attn_implementation"),
+        (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=100"], "actor.ppo_max_token_len_per_gpu"),
+        (["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=100"], "critic.ppo_max_token_len_per_gpu"),
     ],
 )
 def test_impossible_settings_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(["+recipe=search_r1_ppo", *overrides])
+
+
+def test_lora_and_packing_are_off_by_default():
+    cfg = load_config(["+recipe=search_r1_ppo"])
+    assert cfg.model.lora_rank == 0 and cfg.model.attn_implementation is None
+    for role in (cfg.actor, cfg.critic):
+        assert not role.use_remove_padding and not role.use_dynamic_bsz
 
 
 def test_unknown_key_is_rejected():

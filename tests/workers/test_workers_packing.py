@@ -2,7 +2,8 @@
 
 - in one process, in float64 (so that only an actual difference, not float32 summation order, could show): packed
   log-probs, entropies and values equal the padded ones to 1e-12, and so do the gradients of a loss on them, on a
-  tiny GQA Qwen2 with left- and right-padded rows (SDPA on CPU);
+  tiny GQA Qwen2 with left- and right-padded rows, with transformers' SDPA (packed: block-diagonal mask) and with our
+  per-sequence `varlen_sdpa` (rsearch_verl/workers/varlen_attention.py);
 - token-budget partitions respect the budget, cover every row once, and `restore_order` undoes them;
 - a model whose attention ignores the position-id restarts is refused by `check_remove_padding`;
 - through real Ray FSDP workers (2 ranks, gloo): an actor update (PPO loss + KL loss + entropy) and a critic update
@@ -24,6 +25,7 @@ from rsearch_verl.models import build_tiny_qwen2
 from rsearch_verl.workers.critic import ValueModel
 from rsearch_verl.workers.forward import check_remove_padding, response_log_probs, response_values
 from rsearch_verl.workers.packing import micro_batches, restore_order, token_budget_partitions
+from rsearch_verl.workers.varlen_attention import VARLEN_SDPA, register_varlen_sdpa, sequence_bounds
 
 CPU = torch.device("cpu")
 VOCAB = 300
@@ -48,10 +50,14 @@ def padded_batch(lengths: list[tuple[int, int]], p: int, r: int, seed: int = 0) 
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 0.7})
 
 
-@pytest.fixture(scope="module")
-def lm():
+@pytest.fixture(scope="module", params=["sdpa", VARLEN_SDPA])
+def lm(request):
+    """The tiny GQA model on transformers' SDPA (packed: a block-diagonal mask) or on our per-sequence varlen SDPA."""
     shape = TinyModelConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
-    return build_tiny_qwen2(shape, VOCAB, seed=3, dtype=torch.float64)
+    model = build_tiny_qwen2(shape, VOCAB, seed=3, dtype=torch.float64)
+    register_varlen_sdpa()
+    model.set_attn_implementation(request.param)
+    return model
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -101,6 +107,12 @@ def test_packed_values_and_gradients_equal_padded(lm):
     (v0, g0), (v1, g1) = out[False], out[True]
     torch.testing.assert_close(v1[mask], v0[mask], rtol=0, atol=1e-12)
     assert_same_grads(g0, g1)
+
+
+def test_sequence_bounds_follow_position_restarts():
+    pos = torch.tensor([[0, 1, 2, 0, 0, 1, 0, 1, 2, 3]])
+    assert sequence_bounds(pos) == [(0, 3), (3, 4), (4, 6), (6, 10)]
+    assert sequence_bounds(torch.arange(5)[None]) == [(0, 5)]
 
 
 def test_token_budget_partitions_and_restore_order():
