@@ -235,10 +235,3 @@ def load_model(model_cfg, tokenizer, seed: int = 0):
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
-
-
-def set_attn_implementation(model: torch.nn.Module, model_cfg) -> None:
-    """Switch a training copy to `model.attn_implementation` (None: keep transformers' default, SDPA). The rollout
-    engine keeps its own copy on the default kernel."""
-    if model_cfg.attn_implementation is not None:
-        model.set_attn_implementation(model_cfg.attn_implementation)

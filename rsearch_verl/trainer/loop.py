@@ -189,8 +189,9 @@ class Trainer:
             self.wg.critic.set_lr_scale(scale)
 
     # ---------------------------------------------------------------- health
-    def rollback(self, step: int, trips: dict[str, float]) -> int:
-        """The watchdog tripped at `step`: restore the last complete checkpoint, lower the lr, return its step."""
+    def rollback(self, step: int, trips: dict[str, float], metrics: dict[str, float]) -> int:
+        """The watchdog tripped at `step`: restore the last complete checkpoint, lower the lr, return its step. The
+        step's row is never logged; its trips and retriever outage counts go to the next row."""
         wd = self.cfg.trainer.watchdog
         what = ", ".join(f"{k}={v:.4g}" for k, v in trips.items())
         path = self.ckpts.latest()
@@ -208,6 +209,7 @@ class Trainer:
         self.health.record_rollback(step, restored, trips, scale)
         self.watchdog.forget_after(restored)
         self._marks = {**{f"health/trip_{k}": 1.0 for k in trips}, "health/rolled_back_from": float(step)}
+        self._marks.update({k: metrics[k] for k in ("retriever/restarts", "retriever/down_s") if k in metrics})
         logger.warning("health watchdog tripped at step %d (%s): rolled back to step %d, lr x%g", step, what,
                        restored, scale)  # fmt: skip
         return restored
@@ -300,7 +302,7 @@ class Trainer:
             self.health.add_step(metrics)
             trips = self.watchdog.check(step, metrics)
             if trips:
-                step = self.rollback(step, trips)
+                step = self.rollback(step, trips, metrics)
                 continue
             self.done_step, self._pending = step, {"metrics": metrics}
             last = step == cfg.total_steps
@@ -317,7 +319,8 @@ class Trainer:
     def _health_metrics(self) -> dict[str, float]:
         out = self.supervisor.step_metrics() if self.supervisor is not None else {}
         out["health/rollbacks"] = float(len(self.health.rollbacks))
-        out.update(self._marks)
+        for key, value in self._marks.items():  # counts of a rolled-back step add to this one's
+            out[key] = out.get(key, 0.0) + value
         self._marks = {}
         return out
 

@@ -1,19 +1,21 @@
 """Fault injection on real runs: the main job (`python -m rsearch_verl.main`, a local Ray, the real retrieval server)
-meets the faults a long run meets, and must never degrade silently (docs/health.md).
+meets the faults a long run meets, one after the other, and must never degrade silently (docs/health.md). One run
+directory, three processes:
 
-1. The recipe's own retrieval server is SIGKILLed mid-run, and a NaN is injected into the loss at step 3
-   (`RSEARCH_FAULT_NAN_LOSS_STEP`): the server is restarted and searches succeed again, every trajectory that saw a
-   failed search is marked and dropped from the update, the watchdog rolls back to step 2 at half the lr, the run
-   exits 0 and summary.json records both.
-2. An external `retriever.url` on a dead port: exit 3 at start with a message naming retriever.url. Then an external
-   server that goes away for good mid-run: the run checkpoints and exits 3 within its deadline; once the server is
-   back, `trainer.resume=auto` continues -- until a Ray worker is SIGKILLed mid-step: exit 3 with a clear error; the
-   next `trainer.resume=auto` finishes the run.
+1. An external `retriever.url` server is SIGKILLed for good after step 1: the run checkpoints and exits 3 within its
+   deadline (retriever.breaker.deadline_s=5), with a message naming retriever.url and trainer.resume=auto.
+2. The server is back; `trainer.resume=auto` continues from that checkpoint, until a Ray worker is SIGKILLed mid-step:
+   exit 3 with a clear error.
+3. `trainer.resume=auto` again, now with the recipe's own retrieval server, which is SIGKILLed mid-run, and a NaN
+   injected into the loss at the last step (`RSEARCH_FAULT_NAN_LOSS_STEP`): the server is restarted and searches
+   succeed again, every trajectory that saw a failed search is marked and dropped from the update, the watchdog rolls
+   back to the previous checkpoint at half the lr, the run finishes with exit 0, and summary.json records it all.
 
 The policy must search for any of this to matter, and a random tiny policy never does: a module fixture fine-tunes
-the tiny policy for a few seconds on toy world demonstrations that always search (`searching_policy`; no warm start).
-The slow retriever case is tests/rollout/test_rollout_breaker.py (real uvicorn server, real agent loop).
-Outage and recovery times are logged (pytest -o log_cli=true --log-cli-level=INFO).
+the tiny policy for a few seconds on the first turn of toy world demonstrations (`searching_policy`; no warm start).
+A retriever slower than the client timeout is tests/rollout/test_rollout_breaker.py (real uvicorn server, real agent
+loop); a dead retriever.url at start is tests/trainer/test_trainer_supervisor.py. Outage and recovery times are logged
+(pytest -o log_cli=true --log-cli-level=INFO).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import time
 import psutil
 import pytest
 from e2e_helpers import ROOT, TINY, child_env, hf_weights, main_cmd, read_metrics
+
+from rsearch_verl.trainer.health import FAULT_NAN_ENV
 
 logger = logging.getLogger(__name__)
 RECIPE = "search_r1_grpo"
@@ -144,71 +148,16 @@ def _rollout_lines(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # several runs; ~1-2 min each on an idle 2-core machine, far more on a shared busy one
-def test_retriever_killed_and_nan_loss_run_completes(tmp_path, toy_cache, searching_policy):
-    run_dir = tmp_path / "run"
-    nan_at_3 = {"RSEARCH_FAULT_NAN_LOSS_STEP": "3"}
-    proc = _start(run_dir, toy_cache, searching_policy, "trainer.total_steps=4", env=nan_at_3)
-    _wait_for(os.path.join(_ckpt(run_dir, 1), "COMPLETE"), proc)
-    server = _descendant(proc, "retrieval_server serve")
-    time.sleep(0.5)  # into step 2's rollout
-    server.kill()
-    killed = time.monotonic()
-    code, log = _finish(proc, run_dir)
-    assert code == 0, log[-4000:]
-    rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    health = summary["health"]
-    # 1. the retriever outage: restarted, recorded, searches work again on the next step
-    assert health["status"] == "degraded" and health["retriever_restarts"] >= 1 and health["outages"], health
-    restarted = [r["step"] for r in rows if r["retriever/restarts"] > 0]
-    assert restarted and restarted[0] in (2, 3)
-    after = [r for r in rows if r["step"] > restarted[0]]
-    assert after and all(r["search/errors"] == 0 and r["rollout/searches_mean"] > 0 for r in after), after
-    # no trajectory with a failed search reaches the update unmarked: each one is dropped (uid marked, no loss)
-    failed = [line for line in _rollout_lines(run_dir) if "search failed" in line["response"]]
-    assert all("#dropped" in line["uid"] for line in failed), [line["uid"] for line in failed]
-    assert health["dropped_trajectories"] == sum(r["rollout/dropped_trajectories"] for r in rows) >= len(failed)
-    logger.info(
-        "retriever SIGKILLed mid-step 2: down %.2f s (driver-measured), %d restart(s), %d trajectory(ies) dropped; "
-        "run exited 0 %.0f s after the kill",
-        health["retriever_down_s"], health["retriever_restarts"], health["dropped_trajectories"],
-        time.monotonic() - killed,
-    )  # fmt: skip
-    # 4. the NaN at step 3: rolled back to step 2 at half the lr; the metrics show the trip; the weights are finite
-    (rollback,) = health["rollbacks"]
-    assert (rollback["step"], rollback["restored_step"], list(rollback["trips"])) == (3, 2, ["nonfinite"])
-    step3 = rows[2]
-    assert step3["health/trip_nonfinite"] == 1 and step3["health/rolled_back_from"] == 3
-    assert step3["health/rollbacks"] == 1 and rows[1]["health/rollbacks"] == 0
-    assert step3["actor/lr"] == pytest.approx(rows[1]["actor/lr"] * 0.5)
-    assert math.isfinite(step3["actor/pg_loss"]) and math.isfinite(step3["actor/grad_norm"])
-    final = hf_weights(_ckpt(run_dir, 4))
-    assert all(bool(w.float().isfinite().all()) for w in final.values())
-    assert "health watchdog tripped at step 3" in log
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(2400)  # several runs; ~1-2 min each on an idle 2-core machine, far more on a shared busy one
-def test_external_retriever_gone_then_worker_killed_resume_finishes(tmp_path, toy_cache, searching_policy):
+@pytest.mark.timeout(2400)  # three runs: ~1 min each on an idle 2-core machine, far more on a shared busy one
+def test_a_run_survives_outages_a_dead_worker_and_a_nan(tmp_path, toy_cache, searching_policy):
     from rsearch_verl.config import load_config
     from rsearch_verl.data.toy_world import build_toy_world
     from rsearch_verl.trainer.retriever_service import ensure_index, free_port, wait_healthy
 
-    run_dir = tmp_path / "run"
-    port = free_port()
+    run_dir, port = tmp_path / "run", free_port()
     url = f"http://127.0.0.1:{port}"
-    # a dead retriever.url: a clear error before any step
-    start = time.monotonic()
-    proc = _start(tmp_path / "dead", toy_cache, searching_policy, f"retriever.url={url}", "retriever.start_timeout_s=2")
-    code, log = _finish(proc, tmp_path / "dead")
-    assert code == 3 and f"retriever.url={url} does not answer GET /health" in log, log[-3000:]
-    logger.info("dead retriever.url: exit 3 after %.0f s", time.monotonic() - start)
-
     cfg = load_config([f"+recipe={RECIPE}", *TINY, f"data.toy_world.cache_dir={toy_cache}"])
-    world = build_toy_world(cfg.data.toy_world)
-    index = ensure_index(cfg.retriever, world.corpus_path, str(tmp_path / "index"))
+    index = ensure_index(cfg.retriever, build_toy_world(cfg.data.toy_world).corpus_path, str(tmp_path / "index"))
     serve = [sys.executable, "-m", "retrieval_server", "serve", "--index", index, "--port", str(port)]
 
     def external_server() -> subprocess.Popen:
@@ -219,10 +168,10 @@ def test_external_retriever_gone_then_worker_killed_resume_finishes(tmp_path, to
         wait_healthy(url, 120, server)
         return server
 
-    args = [f"retriever.url={url}", "trainer.total_steps=4", "retriever.breaker.deadline_s=5"]
-    # 2. the external server goes away for good after step 1: checkpoint, exit 3 within the deadline
+    # 1. the external server goes away for good after step 1: checkpoint, exit 3 within the deadline
+    external = [f"retriever.url={url}", "trainer.total_steps=7", "retriever.breaker.deadline_s=5"]
     server = external_server()
-    proc = _start(run_dir, toy_cache, searching_policy, *args)
+    proc = _start(run_dir, toy_cache, searching_policy, *external)
     _wait_for(os.path.join(_ckpt(run_dir, 1), "COMPLETE"), proc)
     server.kill()
     server.wait()
@@ -232,31 +181,59 @@ def test_external_retriever_gone_then_worker_killed_resume_finishes(tmp_path, to
     assert code == 3, log[-4000:]
     assert f"retriever.url={url}" in log and "trainer.resume=auto" in log, log[-3000:]
     assert stopped_s < 90, stopped_s
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["health"]["status"] == "stopped" and "retriever" in summary["health"]["stop"]["reason"]
+    health = json.loads((run_dir / "summary.json").read_text())["health"]
+    assert health["status"] == "stopped" and "retriever" in health["stop"]["reason"]
     done = [s for s in (1, 2) if os.path.isfile(os.path.join(_ckpt(run_dir, s), "COMPLETE"))]
     assert done and not glob.glob(os.path.join(str(run_dir), "checkpoints", ".tmp-*"))
     logger.info("external retriever killed: exit 3 %.1f s later, checkpoint of step %d", stopped_s, done[-1])
 
-    # 5. the retriever is back: resume=auto continues from that checkpoint; a Ray worker SIGKILLed mid-step stops it
+    # 2. the server is back: resume=auto continues from that checkpoint; a Ray worker SIGKILLed mid-step stops it
     server = external_server()
-    try:
-        proc = _start(run_dir, toy_cache, searching_policy, *args)
-        _wait_for(os.path.join(_ckpt(run_dir, done[-1] + 1), "COMPLETE"), proc)
-        time.sleep(0.5)
-        _descendant(proc, "ActorWorker").kill()
-        code, log = _finish(proc, run_dir)
-        assert code == 3, log[-4000:]
-        assert f"resuming from {_ckpt(run_dir, done[-1])}" in log
-        assert "a Ray worker died" in log and "trainer.resume=auto" in log, log[-3000:]
-        # and resume=auto finishes the run
-        proc = _start(run_dir, toy_cache, searching_policy, *args)
-        code, log = _finish(proc, run_dir)
-        assert code == 0, log[-4000:]
-    finally:
-        server.kill()
-        server.wait()
-    steps = [r["step"] for r in read_metrics(run_dir)]
-    assert steps == [1, 2, 3, 4]
+    proc = _start(run_dir, toy_cache, searching_policy, *external)
+    _wait_for(os.path.join(_ckpt(run_dir, done[-1] + 1), "COMPLETE"), proc)
+    time.sleep(0.3)
+    _descendant(proc, "ActorWorker").kill()
+    code, log = _finish(proc, run_dir)
+    server.kill()
+    assert code == 3, log[-4000:]
+    assert f"resuming from {_ckpt(run_dir, done[-1])}" in log
+    assert "a Ray worker died" in log and "trainer.resume=auto" in log, log[-3000:]
+    resumed = done[-1] + 1  # the newest complete checkpoint
+
+    # 3. resume=auto with the recipe's own server: it is SIGKILLed mid-run; the loss is NaN at step 7
+    proc = _start(run_dir, toy_cache, searching_policy, "trainer.total_steps=7", env={FAULT_NAN_ENV: "7"})
+    _wait_for(os.path.join(_ckpt(run_dir, resumed + 1), "COMPLETE"), proc)
+    _descendant(proc, "retrieval_server serve").kill()  # during the next step (its check or its rollout)
+    killed = time.monotonic()
+    code, log = _finish(proc, run_dir)
+    assert code == 0, log[-4000:]
+    assert f"resuming from {_ckpt(run_dir, resumed)}" in log
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 8))
     health = json.loads((run_dir / "summary.json").read_text())["health"]
     assert health["status"] == "degraded" and health["interruptions"], health
+    # the own server was restarted and searches succeed again from the next step on
+    assert health["retriever_restarts"] >= 1 and health["outages"][-1]["recovered"], health
+    restarted = [r["step"] for r in rows if r["retriever/restarts"] > 0]
+    assert restarted and resumed + 2 <= restarted[0] <= 6, restarted
+    after = [r for r in rows if r["step"] > restarted[0]]
+    assert all(r["search/errors"] == 0 and r["rollout/searches_mean"] > 0 for r in after), after
+    # no trajectory with a failed search reaches the update unmarked: each one is dropped (uid marked, no loss)
+    failed = [line for line in _rollout_lines(run_dir) if "search failed" in line["response"]]
+    assert all("#dropped" in line["uid"] for line in failed), [line["uid"] for line in failed]
+    assert health["dropped_trajectories"] >= len(failed)
+    logger.info(
+        "own retriever SIGKILLed after step %d: down %.2f s (driver-measured), %d restart(s), %d trajectory(ies) "
+        "dropped; the run exited 0 %.0f s after the kill",
+        resumed + 1, health["retriever_down_s"], health["retriever_restarts"], health["dropped_trajectories"],
+        time.monotonic() - killed,
+    )  # fmt: skip
+    # the NaN at step 7: rolled back to step 6 at half the lr; the metrics show the trip; the weights are finite
+    (rollback,) = health["rollbacks"]
+    assert (rollback["step"], rollback["restored_step"], list(rollback["trips"])) == (7, 6, ["nonfinite"])
+    last, before = rows[-1], rows[-2]
+    assert last["health/trip_nonfinite"] == 1 and last["health/rolled_back_from"] == 7 and last["health/rollbacks"] == 1
+    assert before["health/rollbacks"] == 0 and last["actor/lr"] == pytest.approx(before["actor/lr"] * 0.5)
+    assert math.isfinite(last["actor/pg_loss"]) and math.isfinite(last["actor/grad_norm"])
+    assert all(bool(w.float().isfinite().all()) for w in hf_weights(_ckpt(run_dir, 7)).values())
+    assert "health watchdog tripped at step 7" in log

