@@ -35,7 +35,7 @@ BAD_BODIES = {
     "topk_list": b'{"queries": ["a"], "topk": [3]}',
     "return_scores_string": b'{"queries": ["a"], "return_scores": "yes"}',
     "query_100kb": b'{"queries": ["' + b"x" * 100_000 + b'"]}',
-    "too_many_queries": b'{"queries": [' + b",".join([b'"q"'] * 600) + b"]}",
+    "too_many_queries": b'{"queries": [' + b",".join([b'"q"'] * 4100) + b"]}",  # > the 4096 default
 }
 
 
@@ -74,7 +74,7 @@ def test_limit_codes_batched(minilm_server):
         _assert_4xx(client.post("/retrieve", content=BAD_BODIES["malformed_json"], headers=HEADERS), 400)
         for name in ("empty_list", "empty_string", "topk_zero", "topk_huge", "topk_negative", "query_100kb"):
             _assert_4xx(client.post("/retrieve", content=BAD_BODIES[name], headers=HEADERS), 422)
-        big = b'{"queries": ["' + b"y" * (2 << 20) + b'"]}'  # 2 MiB > the 1 MiB default body limit
+        big = b'{"queries": ["' + b"y" * (9 << 20) + b'"]}'  # 9 MiB > the 8 MiB default body limit
         _assert_4xx(client.post("/retrieve", content=big, headers=HEADERS), 413)
     _assert_still_serving(minilm_server.url)
 
@@ -84,7 +84,7 @@ def test_chunked_body_over_limit_is_refused(minilm_server):
 
     def chunks():
         yield b'{"queries": ["'
-        for _ in range(40):
+        for _ in range(140):  # 8.75 MiB > the 8 MiB default, sent without a Content-Length
             yield b"z" * 65536
         yield b'"]}'
 

@@ -123,7 +123,7 @@ def test_continuous_greedy_with_staggered_joins_matches_static_and_generate(tok)
     the KV buffer growing past its spare room all keep the tokens and the logprobs exact."""
     model = _model(tok)
     prompts = [tok.encode("The quick brown fox jumps over the lazy dog"), tok.encode("hi"), tok.encode("who wrote it")]
-    budgets = [60, 300, 20]  # the first (longest prompt) leaves before the second; the third joins last
+    budgets = [200, 300, 20]  # the first (longest prompt) leaves before the second; the third joins last
     counters = {}
 
     async def staggered(engine):

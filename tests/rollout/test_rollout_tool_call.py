@@ -163,7 +163,7 @@ def test_observation_frames_follow_the_template(tok):
         docs_obs[label] = asyncio.run(proto.observe(proto.parse_turn(CALL), _search, 1))
         proto.bind_tokenizer(t, chat=False)
         assert proto.frame == INLINE_FRAME  # base prompts: the response sits inline
-    body = "Doc 1(Title: who wrote hamlet 0) passage 0 on who wrote hamlet"
+    body = 'Doc 1(Title: "who wrote hamlet 0") passage 0 on who wrote hamlet'
     assert docs_obs["plain"] == (
         f"<|im_end|>\n<|im_start|>tool\n<tool_response>\n{body}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
@@ -232,7 +232,7 @@ def test_masks_zero_exactly_on_tool_responses(tok, tool_engine, retrieval_url):
     observations = [text for role, text in traj.segments if role == "observation"]
     assert _runs(tok, traj, 0) == observations and len(observations) == 2
     for obs in observations:  # the chat frame of a tool turn, inserted by the environment
-        assert obs.startswith("<|im_end|>\n<|im_start|>tool\n<tool_response>\nDoc 1(Title: Hamlet) Hamlet is a")
+        assert obs.startswith('<|im_end|>\n<|im_start|>tool\n<tool_response>\nDoc 1(Title: "Hamlet") Hamlet is a')
         assert obs.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
     policy = [text for role, text in traj.segments if role == "policy"]
     assert _runs(tok, traj, 1) == policy and all(p.endswith(("</tool_call>", "</answer>")) for p in policy)

@@ -80,14 +80,18 @@ def test_submit_one_step_job(ray_head, tmp_path):
         f"trainer.run_dir={run_dir}",
         f"data.toy_world.cache_dir={tmp_path / 'toy'}",
     ]
-    done = subprocess.run(
-        ["bash", os.path.join(ROOT, "launch", "submit.sh"), *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=480,
-    )
+    for _ in range(30):  # the head's job agent registers a while after the dashboard answers (longer under load)
+        done = subprocess.run(
+            ["bash", os.path.join(ROOT, "launch", "submit.sh"), *overrides],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
+        if "No available agent" not in done.stdout + done.stderr:
+            break
+        time.sleep(2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "succeeded" in (done.stdout + done.stderr).lower()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
