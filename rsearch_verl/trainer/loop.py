@@ -240,10 +240,8 @@ class Trainer:
             if self.supervisor is not None and (outage := self.supervisor.open_outage()) is not None:
                 self.health.add_outages([outage], step)
             saved = self._save_on_stop(step, reason)
-            advice = (
-                f"{saved} Bring the retriever back (or point retriever.url at one), then rerun with the same "
-                "trainer.run_dir (trainer.resume=auto) to continue."
-            )
+            advice = f"{saved} {self._retriever_advice()}, then rerun with the same trainer.run_dir "
+            advice += "(trainer.resume=auto) to continue."
         elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
             reason = f"a Ray worker died ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
             latest = self.ckpts.latest()
@@ -258,6 +256,14 @@ class Trainer:
         if self.health.stop is None:
             self.health.record_stop(step, reason)
         return RunStopped(f"run stopped during step {step}: {reason}. {advice}")
+
+    def _retriever_advice(self) -> str:
+        service = self.supervisor.service if self.supervisor is not None else None
+        if service is None:
+            return "Bring the retriever back"
+        if service.owned:
+            return f"The retrieval server this run started ({service.url}) did not come back: see retriever.log"
+        return f"Bring the retriever at retriever.url={service.url} back (or point retriever.url at another one)"
 
     def _save_on_stop(self, step: int, reason: str) -> str:
         """Checkpoint the last applied update (the interrupted step's batch is given back to the loader)."""

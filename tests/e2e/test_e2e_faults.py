@@ -225,7 +225,7 @@ def test_a_run_survives_outages_a_dead_worker_and_a_nan(tmp_path, toy_cache, sea
     logger.info(
         "own retriever SIGKILLed after step %d: down %.2f s (driver-measured), %d restart(s), %d trajectory(ies) "
         "dropped; the run exited 0 %.0f s after the kill",
-        resumed + 1, health["retriever_down_s"], health["retriever_restarts"], health["dropped_trajectories"],
+        resumed + 1, health["outages"][-1]["down_s"], health["outages"][-1]["restarts"], health["dropped_trajectories"],
         time.monotonic() - killed,
     )  # fmt: skip
     # the NaN at step 7: rolled back to step 6 at half the lr; the metrics show the trip; the weights are finite

@@ -57,7 +57,7 @@ class RunHealth:
     def summary(self) -> dict:
         counts = {
             "retriever_restarts": sum(o.get("restarts", 0) for o in self.outages),
-            "retriever_down_s": sum(o.get("down_s", 0.0) for o in self.outages),
+            "retriever_down_s": sum((o.get("down_s", 0.0) for o in self.outages), 0.0),
             **self.counts,
         }
         counts = {k: (round(v, 3) if k.endswith("_s") else int(v)) for k, v in counts.items()}
