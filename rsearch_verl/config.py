@@ -165,6 +165,15 @@ class RetrieverConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    """Correction for samples from an older policy (rsearch_verl/algos/off_policy.py, docs/async_training.md)."""
+
+    # auto: none when trainer.max_staleness == 0, decoupled otherwise | none | decoupled | tis
+    mode: str = "auto"
+    is_cap: float = 2.0  # decoupled: tokens whose weight exceeds it get none; tis: weights are clipped to it
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -179,6 +188,7 @@ class AlgorithmConfig:
     # loss (actor, critic, KL) and in the value / advantage chain alike. Read once, by the driver, which writes the
     # batch's `loss_mask` (rsearch_verl/batch.py); nothing else reads this flag.
     mask_observations: bool = True
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
 
 
 @dataclass
@@ -285,6 +295,12 @@ class TrainerConfig:
     placement: str = "colocate"  # colocate: actor+ref+rollout (+critic) share processes; split: own pools
     ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
     ray_num_cpus: int | None = None
+    # cross-step asynchronous training (docs/async_training.md): 0 = generate, then train (synchronous); k >= 1 =
+    # the split rollout workers generate the next batches with weights up to k updates old while the actor trains
+    max_staleness: int = 0
+    # a weight update that arrives mid-trajectory: "continue" (the trajectory goes on with the new weights, versions
+    # per token) | "wait" (it lands once the rollout worker's current batch has finished)
+    mid_trajectory_update: str = "continue"
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
@@ -322,6 +338,14 @@ class RSearchConfig:
     def loss_scale_factor(self) -> int:
         """The constant of seq-mean-token-sum-norm: actor.loss_scale_factor, else the response budget."""
         return self.actor.loss_scale_factor or self.rollout.max_response_length
+
+    @property
+    def off_policy_mode(self) -> str:
+        """algorithm.off_policy.mode with `auto` resolved: a correction exactly when samples can be stale."""
+        mode = self.algorithm.off_policy.mode
+        if mode == "auto":
+            return "decoupled" if self.trainer.max_staleness > 0 else "none"
+        return mode
 
     @property
     def world_size(self) -> int:
@@ -402,7 +426,25 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     if cfg.trainer.device == "cuda":
         _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")
     _validate_health(cfg)
+    _validate_async(cfg)
     return cfg
+
+
+def _validate_async(cfg: RSearchConfig) -> None:
+    from rsearch_verl.algos.off_policy import OFF_POLICY_MODES
+
+    tr = cfg.trainer
+    _check(tr.max_staleness >= 0, "trainer.max_staleness", "must be >= 0 (0 = synchronous)")
+    _one_of(tr.mid_trajectory_update, ("continue", "wait"), "trainer.mid_trajectory_update")
+    if tr.max_staleness > 0:
+        _check(
+            tr.placement == "split",
+            "trainer.max_staleness",
+            "asynchronous training needs trainer.placement=split (colocated workers generate and train in the same "
+            "processes, so there is nothing to overlap)",
+        )
+    _one_of(cfg.algorithm.off_policy.mode, ("auto", *OFF_POLICY_MODES), "algorithm.off_policy.mode")
+    _check(cfg.algorithm.off_policy.is_cap > 1, "algorithm.off_policy.is_cap", "must be > 1")
 
 
 def _validate_health(cfg: RSearchConfig) -> None:

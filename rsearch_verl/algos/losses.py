@@ -102,12 +102,15 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     denominator: float | None = None,
     loss_scale_factor: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO surrogate `max(-A·ρ, -A·clip(ρ, 1-clip_ratio_low, 1+clip_ratio_high))`, all [B, R] inputs.
 
     Argument order is verl's (`old_log_prob` first). For A < 0 the loss is further capped at `-A·clip_ratio_c`
     (dual-clip PPO, arXiv:1912.09729); `clip_ratio_c=None` (or <= 1, the config's convention) turns dual-clip off.
-    ρ = exp(log_prob - old_log_prob) with the log-ratio clamped to ±20 as in verl. Returns (scalar loss, metrics
+    ρ = exp(log_prob - old_log_prob) with the log-ratio clamped to ±20 as in verl. `is_weights` [B, R] (off-policy
+    correction, rsearch_verl/algos/off_policy.py) multiply each token's clipped loss, as verl's `rollout_is_weights`
+    do. Returns (scalar loss, metrics
     "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl").
     The maths is verl's `compute_policy_loss_vanilla` (tested equal); it is restated here because verl's version
     asserts dual-clip on, takes a verl ActorConfig, and lets a NaN at a masked position leak into the loss.
@@ -131,6 +134,9 @@ def policy_loss(
         lower_hit = torch.gt(losses, dual) & (adv < 0)
         clipfrac_lower = masked_token_mean(lower_hit.to(mask_f.dtype), mask_f)
         losses = torch.where(adv < 0, torch.minimum(losses, dual), losses)
+    if is_weights is not None:
+        _check_same_shape(losses=losses, is_weights=is_weights)
+        losses = losses * is_weights.detach().to(losses.dtype)
 
     loss = agg_loss(losses, mask_f, loss_agg_mode, denominator=denominator, loss_scale_factor=loss_scale_factor)
     metrics = {

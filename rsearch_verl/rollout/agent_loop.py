@@ -51,6 +51,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)  # policy tokens and observation tokens, in order
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = inserted observation
     logprobs: list[float] = field(default_factory=list)  # rollout log-prob per token (0.0 on observations)
+    versions: list[int] = field(default_factory=list)  # policy version that sampled each token (-1 on observations)
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("policy" | "observation", text)
     n_searches: int = 0
     n_search_errors: int = 0  # searches that failed for good (after retries); each became an error observation
@@ -63,10 +64,12 @@ class Trajectory:
     def response_text(self) -> str:
         return "".join(text for _, text in self.segments)
 
-    def add(self, ids: list[int], mask: int, logprobs: list[float] | None, role: str, text: str) -> None:
+    def add(self, ids: list[int], mask: int, logprobs: list[float] | None, role: str, text: str,
+            versions: list[int] | None = None) -> None:  # fmt: skip
         self.response_ids.extend(ids)
         self.response_mask.extend([mask] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.versions.extend(versions if versions is not None else [-1] * len(ids))
         self.segments.append((role, text))
 
 
@@ -158,7 +161,8 @@ async def run_trajectory(
         traj.turn_timing.append(timing)
         traj.n_turns += 1
         text = _decode_turn(tokenizer, out.token_ids, hidden)
-        traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text)
+        versions = list(out.versions) or [engine.version] * len(out.token_ids)
+        traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text, versions)
         action = protocol.parse_turn(turn_until_stop(text, out))
         if action.kind == "answer":
             traj.finish_reason = "answer"
@@ -233,6 +237,7 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
     resp_attn = torch.zeros((b, width_r), dtype=torch.long)
     resp_mask = torch.zeros((b, width_r), dtype=torch.long)
     logp = torch.zeros((b, width_r), dtype=torch.float32)
+    versions = torch.full((b, width_r), -1, dtype=torch.long)
     for i, (p, t) in enumerate(zip(prompts, trajs, strict=True)):
         prompt_t[i, width_p - len(p) :] = torch.tensor(p, dtype=torch.long)
         prompt_m[i, width_p - len(p) :] = 1
@@ -242,6 +247,7 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
             resp_attn[i, :n] = 1
             resp_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.long)
             logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32) * resp_mask[i, :n]
+            versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
     attn = torch.cat([prompt_m, resp_attn], dim=1)
     return {
         "prompts": prompt_t,
@@ -251,6 +257,7 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
         "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
         "response_mask": resp_mask,
         "rollout_log_probs": logp,
+        "rollout_versions": versions,
     }
 
 

@@ -36,6 +36,7 @@ from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.health.watchdog import Watchdog
 from rsearch_verl.trainer.logging import MetricsLogger
+from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
 from rsearch_verl.workers.placement import WorkerGroups, reduce_metrics
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class Trainer:
     ):
         self.cfg, self.run_dir, self.wg, self.tokenizer = cfg, run_dir, workers, tokenizer
         self.loader = PromptLoader(train_data, cfg.data.train_batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
+        # each step's batch: generated at the step's start, or ahead while the actor trains (trainer.max_staleness)
+        self.rollouts = RolloutPipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
         self.val_data = val_data
         self.ckpts = CheckpointManager(run_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
         self.metrics = MetricsLogger(
@@ -73,33 +76,39 @@ class Trainer:
         self.history: list[dict] = []
         self.supervisor, self.watchdog, self.health = supervisor, Watchdog(cfg.trainer.watchdog), RunHealth()
         self.done_step = 0  # the last step whose update is applied
-        self._pending: dict | None = None  # the step under way: its loader state before its batch, its metrics
+        self._pending: dict | None = None  # {"metrics"} of a step whose update is applied, until they are logged
         self._marks: dict[str, float] = {}  # the last rollback's trip metrics, logged with the next row
         self._nan_step = fault_nan_step()  # test-only fault injection (unset in real runs)
+        self._rollout_idle = workers.rollout_idle_seconds()  # the split rollout workers' idle clock at the last step
 
     # ---------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
         cfg, wg, timing = self.cfg, self.wg, {}
-        self._pending = {"loader": self.loader.state_dict()}  # a stop mid-step must not consume this batch
-        batch = self.loader.next_batch()
-        batch.meta_info.update(validate=False, seed=self._sampling_seed(step))
         with timed(timing, "step"):
-            # 1. rollout: multi-turn generation with search; response_mask is 0 on inserted observations
+            # 1. rollout: multi-turn generation with search; response_mask is 0 on inserted observations. With
+            #    trainer.max_staleness >= 1 the batch was generated while earlier steps trained: this only waits
             with timed(timing, "gen"):
-                batch = wg.rollout.generate_sequences(batch)
+                batch = self.rollouts.take(step)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
-            # trajectories whose search failed because the retriever was down are dropped from the update
-            dropped = phases.failed_search_rows(batch, cfg, metrics)
+            # trajectories whose search failed because the retriever was down, or (never, by construction) that are
+            # older than the staleness bound, are dropped from the update
+            dropped = phases.drop_rows(
+                batch,
+                phases.failed_search_rows(batch, cfg, metrics),
+                phases.stale_rows(batch, step, cfg.trainer.max_staleness, metrics),
+            )
             # the one place that decides which response tokens any loss sees (observations masked or not)
             batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):
                 batch, reward_metrics = phases.reward_phase(batch, cfg)
-            # 3. log-probs of the sampled tokens under the policy that generated them
+            # 3. log-probs of the sampled tokens under the current policy (= the one that generated them, when
+            #    synchronous; the proximal policy of the off-policy correction otherwise)
             with timed(timing, "old_log_prob"):
                 batch = batch.union(wg.actor.compute_log_prob(batch))
-            metrics.update(**phases.rollout_logprob_gap(batch), **phases.sampled_entropy(batch))  # for the watchdog
+            metrics.update(**phases.rollout_logprob_gap(batch, step - 1), **phases.sampled_entropy(batch))
+            metrics.update(phases.off_policy_phase(batch, cfg))  # importance weights for stale samples
             # 4. reference log-probs for the KL term
             if cfg.use_ref:
                 with timed(timing, "ref"):
@@ -123,14 +132,24 @@ class Trainer:
                 # 8. actor update
                 with timed(timing, "update_actor"):
                     metrics.update(_worker_metrics(wg.actor.update_actor(batch)))
-                # 9. push the new weights into the rollout engines
-                with timed(timing, "sync"):
-                    wg.sync_rollout_weights()
+            # 9. push the new weights into the rollout engines (split: between two decode steps of the next batch)
+            with timed(timing, "sync"):
+                wg.sync_rollout_weights(version=step)
         # 10. rollout dump for inspection (viewer, debugging)
         if cfg.trainer.dump_rollouts:
             path = os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl")
             write_rollout_dump(path, batch, self.tokenizer)
+        timing.update(self._idle_times(timing))
         return {**metrics, **reward_metrics, **adv_metrics, **timing}
+
+    def _idle_times(self, timing: dict[str, float]) -> dict[str, float]:
+        """Split placement: seconds of this step each role sat idle (the actor: everything but its own calls)."""
+        idle = self.wg.rollout_idle_seconds()
+        if idle is None:
+            return {}
+        busy = sum(v for k, v in timing.items() if k in _ACTOR_PHASES)
+        rollout_idle, self._rollout_idle = idle - self._rollout_idle, idle
+        return {"timing/rollout_idle_s": rollout_idle, "timing/actor_idle_s": timing["timing/step_s"] - busy}
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
@@ -142,7 +161,7 @@ class Trainer:
         for start in range(0, limit, self.cfg.data.val_batch_size):
             idx = list(range(start, min(limit, start + self.cfg.data.val_batch_size)))
             batch = self.val_data.to_batch(idx, uids=[f"val-{i}" for i in idx])
-            batch.meta_info.update(validate=True, seed=self.cfg.seed)
+            batch.meta_info.update(validate=True, seed=self.cfg.seed, min_version=self.done_step)
             batch = self.wg.rollout.generate_sequences(batch)
             self.health.add_step(batch.meta_info.pop("metrics", {}))  # searches failed or paused in validation too
             batch, _ = phases.reward_phase(batch, self.cfg)
@@ -155,7 +174,8 @@ class Trainer:
             self.wg.actor.save_checkpoint(os.path.join(tmp, "actor"))
             if self.wg.critic is not None:
                 self.wg.critic.save_checkpoint(os.path.join(tmp, "critic"))
-            state = {"step": step, "loader": self.loader.state_dict(), "health": self.health.state_dict()}
+            # the loader before the oldest batch not trained: batches generated ahead are generated again on resume
+            state = {"step": step, "loader": self.rollouts.resume_state(), "health": self.health.state_dict()}
             self.ckpts.write_trainer_state(tmp, state)
 
     def maybe_resume(self) -> int:
@@ -173,12 +193,13 @@ class Trainer:
 
     def _load(self, path: str) -> tuple[int, dict]:
         """Restore workers, data order and driver RNG from a complete checkpoint; drop the metrics logged after it."""
+        self.rollouts.discard()  # batches generated ahead from the weights being replaced
         self.wg.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.wg.critic is not None:
             self.wg.critic.load_checkpoint(os.path.join(path, "critic"))
         state = self.ckpts.read_trainer_state(path)
         self.loader.load_state_dict(state["loader"])
-        self.wg.sync_rollout_weights()
+        self.wg.sync_rollout_weights(version=int(state["step"]))
         self.metrics.truncate(after_step=state["step"])
         self.history = [row for row in self.history if row["step"] <= state["step"]]
         return int(state["step"]), state
@@ -266,12 +287,10 @@ class Trainer:
         return f"Bring the retriever at retriever.url={service.url} back (or point retriever.url at another one)"
 
     def _save_on_stop(self, step: int, reason: str) -> str:
-        """Checkpoint the last applied update (the interrupted step's batch is given back to the loader)."""
-        if self._pending is not None:
-            if "metrics" in self._pending:  # the step's update is applied; only its validation was cut short
-                self._log(self._pending["metrics"], self.done_step)
-            else:
-                self.loader.load_state_dict(self._pending["loader"])
+        """Checkpoint the last applied update (the interrupted step's batch goes back to the loader)."""
+        if self._pending is not None and "metrics" in self._pending:
+            self._log(self._pending["metrics"], self.done_step)  # the update is applied; its validation was cut short
+        # the interrupted step's batch and those generated ahead stay unused: save() stores the loader before them
         if self.done_step == 0:
             return "Nothing was trained yet, so there is no checkpoint to save."
         self.health.record_stop(step, reason)
@@ -311,6 +330,7 @@ class Trainer:
                 step = self.rollback(step, trips, metrics)
                 continue
             self.done_step, self._pending = step, {"metrics": metrics}
+            self.rollouts.applied()
             last = step == cfg.total_steps
             if last or (cfg.test_freq > 0 and step % cfg.test_freq == 0):
                 with self._supervised(step):
@@ -338,6 +358,9 @@ class Trainer:
     def _sampling_seed(self, step: int) -> int:
         # rollout sampling is seeded per step, so a resumed run samples what an uninterrupted one would
         return self.cfg.seed * 1_000_003 + step
+
+
+_ACTOR_PHASES = {f"timing/{k}_s" for k in ("old_log_prob", "ref", "values", "update_critic", "update_actor", "sync")}
 
 
 def _worker_metrics(out: DataProto) -> dict[str, float]:

@@ -13,6 +13,7 @@ from verl import DataProto
 
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
+from rsearch_verl.algos.off_policy import importance_weights
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
@@ -128,14 +129,30 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
     return metrics
 
 
-def rollout_logprob_gap(batch: DataProto) -> dict[str, float]:
-    """Mean |rollout engine log-prob - actor log-prob| on sampled tokens: ~0 when the weight sync works (both are
-    taken at the rollout temperature; top_p < 1 / top_k filtering is the engine's alone and widens the gap)."""
-    mask = batch.batch["response_mask"].bool()
+def rollout_logprob_gap(batch: DataProto, version: int) -> dict[str, float]:
+    """Mean |rollout engine log-prob - actor log-prob| on the tokens sampled by the actor's current weights
+    (`version`; all of them when training is synchronous): ~0 when the weight sync works (both are taken at the
+    rollout temperature; top_p < 1 / top_k filtering is the engine's alone and widens the gap). Tokens from older
+    versions differ because the policy moved: their gap is the off-policy correction's business."""
+    mask = batch.batch["response_mask"].bool() & (batch.batch["rollout_versions"] == version)
     if not mask.any():
         return {}
     gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[mask]
     return {"rollout/logprob_abs_diff_mean": float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}
+
+
+def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> dict[str, float]:
+    """Importance weights pi_prox / pi_behav on every loss token (`is_weights`, algorithm.off_policy), when a
+    correction is on; nothing otherwise (the synchronous loop)."""
+    mode = cfg.off_policy_mode
+    if mode == "none":
+        return {}
+    t = batch.batch
+    weights, metrics = importance_weights(
+        t["old_log_probs"], t["rollout_log_probs"], t["loss_mask"], mode, cfg.algorithm.off_policy.is_cap
+    )
+    t["is_weights"] = weights
+    return metrics
 
 
 def sampled_entropy(batch: DataProto) -> dict[str, float]:
@@ -148,16 +165,48 @@ def sampled_entropy(batch: DataProto) -> dict[str, float]:
 
 
 def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:
-    """The trajectories to drop from the update ([B] bool): a search failed for an outage reason (the rollout marked
-    them `search_failed`; retriever.breaker.drop_failed). Each gets a uid of its own (`<uid>#dropped<i>`), so a group
-    advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their loss_mask rows. Adds the counts to
-    `metrics` (`rollout/search_failed`, `rollout/dropped_trajectories`)."""
+    """The trajectories to drop because a search failed for an outage reason ([B] bool; the rollout marked them
+    `search_failed`; retriever.breaker.drop_failed). Adds `rollout/search_failed`, `rollout/dropped_trajectories`."""
     nt = batch.non_tensor_batch
     if "search_failed" not in nt:
         return None
     failed = torch.tensor([bool(x) for x in nt["search_failed"]], dtype=torch.bool)
     drop = failed if cfg.retriever.breaker.drop_failed else torch.zeros_like(failed)
-    for i in drop.nonzero().flatten().tolist():
-        nt["uid"][i] = f"{nt['uid'][i]}#dropped{i}"
     metrics.update({"rollout/search_failed": float(failed.sum()), "rollout/dropped_trajectories": float(drop.sum())})
+    return drop
+
+
+def stale_rows(batch: DataProto, step: int, max_staleness: int, metrics: dict[str, float]) -> torch.Tensor:
+    """Trajectories older than the staleness bound ([B] bool), and the `async/*` metrics.
+
+    A trajectory's staleness is how many updates its oldest policy token is behind the weights step `step` trains
+    (version step-1). The rollout pipeline never hands out a batch beyond the bound, so the drop is a guard that
+    should stay 0 (`async/dropped_stale`). Partial rows: trajectories whose tokens came from more than one version."""
+    versions, mask = batch.batch["rollout_versions"], batch.batch["response_mask"].bool()
+    big = torch.iinfo(versions.dtype).max
+    oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(-1).values
+    newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(-1).values
+    has_tokens = mask.any(-1)
+    staleness = torch.where(has_tokens, (step - 1) - oldest, torch.zeros_like(oldest))
+    stale = staleness > max_staleness
+    metrics["async/staleness_max"] = float(staleness.max())
+    metrics["async/staleness_mean"] = float(staleness.float().mean())
+    for k in range(max_staleness + 1):
+        metrics[f"async/staleness_{k}_frac"] = float((staleness == k).float().mean())
+    metrics["async/partial_rows_frac"] = float(((newest != oldest) & has_tokens).float().mean())
+    metrics["async/dropped_stale"] = float(stale.sum())
+    return stale
+
+
+def drop_rows(batch: DataProto, *masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Union of `masks` ([B] bool): the rows dropped from the update. Each gets a uid of its own
+    (`<uid>#dropped<i>`), so a group advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their
+    loss_mask rows."""
+    given = [m for m in masks if m is not None]
+    if not given:
+        return None
+    drop = torch.stack(given).any(0)
+    uids = batch.non_tensor_batch["uid"]
+    for i in drop.nonzero().flatten().tolist():
+        uids[i] = f"{uids[i]}#dropped{i}"
     return drop

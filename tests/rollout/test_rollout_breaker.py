@@ -88,7 +88,7 @@ def script(ctx: str) -> str:
 def engine(tok, model):
     from conftest import ScriptSlot
 
-    from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
     slot = ScriptSlot()
     slot.fn = script

@@ -17,7 +17,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.dump import write_rollout_dump
-from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
 KEYS = {"uid", "index", "prompt", "response", "response_ids", "response_mask", "reward", "n_searches", "ground_truth",
         "data_source"}  # fmt: skip

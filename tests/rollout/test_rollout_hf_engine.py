@@ -14,7 +14,8 @@ import torch
 from rsearch_verl.config import RolloutConfig, TinyModelConfig
 from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
 from rsearch_verl.rollout.engines import SamplingParams, make_engine
-from rsearch_verl.rollout.engines.hf import HFEngine, ScriptedHFEngine, filtered_logprobs
+from rsearch_verl.rollout.engines.hf import HFEngine, filtered_logprobs
+from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
 STOP = ["</search>", "</answer>"]
 
@@ -237,3 +238,38 @@ def test_bad_requests_and_weights(tok):
         engine.close()
     with pytest.raises(RuntimeError):
         _run(engine.generate([1], SamplingParams(), []))
+
+
+def test_weights_landing_mid_request_tag_each_token_with_its_version(tok):
+    """An update that arrives while a request decodes lands between two decode steps: the tokens before it carry
+    version 0 and the old weights' log-probs, every token after it version 7 and the new weights' (here a zero
+    output layer: exactly uniform, -log V, whatever the KV cache holds)."""
+    import threading
+    import time
+
+    model = _model(tok)
+    engine = HFEngine(model, tok)
+    new = {k: v.clone() for k, v in model.state_dict().items()}
+    new["lm_head.weight"] = torch.zeros_like(new["lm_head.weight"])
+    vocab = model.config.vocab_size
+
+    def push():
+        deadline = time.monotonic() + 60
+        while engine.counters["decode_steps"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        engine.load_weights(new, version=7)
+
+    try:
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        params = SamplingParams(temperature=1.0, max_tokens=400, seed=11)
+        out = _run(engine.generate(tok.encode("Question: who?"), params, []))
+        pusher.join()
+        first = out.versions.index(7)
+        assert first >= 5 and set(out.versions[:first]) == {0} and set(out.versions[first:]) == {7}
+        assert engine.version == 7
+        uniform = torch.tensor(out.logprobs[first:])
+        assert torch.allclose(uniform, torch.full_like(uniform, -torch.log(torch.tensor(float(vocab)))), atol=1e-5)
+        assert not torch.allclose(torch.tensor(out.logprobs[:first]), uniform[:1].expand(first), atol=1e-3)
+    finally:
+        engine.close()

@@ -258,7 +258,7 @@ def test_malformed_json_in_a_rollout_gets_an_invalid_observation(tok, tool_engin
 def test_stop_string_inside_a_bpe_token_still_parses(retrieval_url):
     """Qwen2.5's vocabulary has `>.`: the token that completes `</search>` also carries a period. The engine stops on
     it (the period is sampled, kept and trained) and the turn still parses as a search."""
-    from rsearch_verl.rollout.engines.hf import ScriptedHFEngine
+    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
     tok = qwen25_tokenizer(os.path.expanduser("~/.cache/rsearch_verl/qwen25_tokenizer"))  # as model.path=qwen2.5
     assert tok.tokenize(" </search>.")[-1] == ">."

@@ -38,7 +38,7 @@ def test_failed_trajectories_get_no_loss_and_leave_their_group():
     cfg = RSearchConfig()
     batch = _batch([False, True, False, False], ["a", "a", "a", "b"])
     metrics: dict[str, float] = {}
-    dropped = phases.failed_search_rows(batch, cfg, metrics)
+    dropped = phases.drop_rows(batch, phases.failed_search_rows(batch, cfg, metrics))
     batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, True, dropped)
     assert dropped.tolist() == [False, True, False, False]
     assert metrics == {"rollout/search_failed": 1.0, "rollout/dropped_trajectories": 1.0}
@@ -57,7 +57,7 @@ def test_keep_failed_when_drop_is_off_and_no_change_without_failures():
     cfg.retriever.breaker.drop_failed = False
     batch = _batch([True, False], ["a", "a"])
     metrics: dict[str, float] = {}
-    dropped = phases.failed_search_rows(batch, cfg, metrics)
+    dropped = phases.drop_rows(batch, phases.failed_search_rows(batch, cfg, metrics))
     assert metrics == {"rollout/search_failed": 1.0, "rollout/dropped_trajectories": 0.0}
     assert list(batch.non_tensor_batch["uid"]) == ["a", "a"]
     mask = batch_keys.loss_mask(batch.batch, True, dropped)

@@ -6,16 +6,17 @@ steps, newly arrived requests are prefilled and joined to the running batch (bot
 and every row that finishes is resolved at once and leaves the batch (the cache is re-indexed and columns that are
 padding in every remaining row are dropped). So a trajectory that stops at `</search>` goes to the retriever while
 the others keep decoding, and rejoins as soon as its observation is appended — nobody waits for the slowest row.
-The KV cache is a preallocated buffer per layer (`_GrowingLayer`): a decode step writes its column in place, a join
-costs one copy. Continuous batching is the default; `continuous=False` runs each gathered batch to the end (finished
-rows still leave the cache early). Measured with benchmarks/rollout_async.py (long-tailed turn lengths, 2-core CPU):
-the async agent loop took 2.5-2.9 s continuous vs 4.0 s static; a turn-synchronous loop is the same either way.
+The KV cache is a preallocated buffer per layer (rsearch_verl/rollout/engines/kv_cache.py): a decode step writes
+its column in place, a join costs one copy. Continuous batching is the default; `continuous=False` runs each gathered
+batch to the end (finished rows still leave the cache early); benchmarks/rollout_async.py compares the two.
 Models whose cache is not a plain DynamicCache (sliding-window layers) are never joined into: new requests wait
-until the running batch drains.
+until the running batch drains. Weight updates land between two decode steps (rsearch_verl/rollout/engines/
+batching.py); rows decoding across one keep their KV cache (computed by the older weights) and tag each token with
+the version that sampled it.
 
     engine = HFEngine(model, tokenizer)
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
-    engine.load_weights(actor_state_dict)    # HF parameter names
+    engine.load_weights(actor_state_dict, version=1)    # HF parameter names
     engine.close()
 
 Semantics (shared with the vLLM engine): the returned tokens end with the token that completes a stop string (or
@@ -26,138 +27,18 @@ reproducible (one torch.Generator per request).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams
+from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
+from rsearch_verl.rollout.engines.batching import BatchingEngine, Request, resolve
+from rsearch_verl.rollout.engines.kv_cache import GrowingLayer, left_pad
 
 logger = logging.getLogger(__name__)
-
-_STOP = object()  # queue sentinel: the worker thread exits
-
-
-@dataclass
-class Request:
-    """One pending `generate` call; resolved on the caller's event loop."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    stop: list[str]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    enqueued: float = field(default_factory=time.perf_counter)
-
-
-def _resolve(fut: asyncio.Future, result=None, exc: BaseException | None = None) -> None:
-    if fut.done():  # cancelled by its caller, or already answered
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
-
-
-def check_request(prompt_ids: list[int], sampling: SamplingParams) -> None:
-    if not prompt_ids:
-        raise ValueError("generate(): prompt_ids is empty")
-    if sampling.max_tokens < 1:
-        raise ValueError(f"generate(): max_tokens must be >= 1, got {sampling.max_tokens}")
-    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
-        raise ValueError(f"generate(): bad temperature {sampling.temperature} / top_p {sampling.top_p}")
-
-
-class BatchingEngine(RolloutEngine):
-    """Queue + background thread that batches concurrent requests; subclasses implement `run_batch`."""
-
-    def __init__(self, gather_ms: float = 3.0, max_batch: int = 64):
-        self.gather_s = gather_ms / 1000.0
-        self.max_batch = max_batch
-        self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.RLock()  # weights never change under a running batch (re-entered by run_batch)
-        self._thread = threading.Thread(target=self._worker, name=f"{type(self).__name__}-batcher", daemon=True)
-        self._closed = False
-        self._thread.start()
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> GenerationResult:
-        check_request(prompt_ids, sampling)
-        if self._closed:
-            raise RuntimeError("engine is closed")
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._queue.put(Request(list(map(int, prompt_ids)), sampling, list(stop), loop, fut))
-        return await fut
-
-    def run_batch(self, requests: list[Request]) -> list[GenerationResult]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._queue.put(_STOP)
-            self._thread.join(timeout=30)
-
-    def _gather(self, first: Request) -> tuple[list[Request], bool]:
-        batch, stop = [first], False
-        while len(batch) < self.max_batch:
-            try:
-                item = self._queue.get(timeout=self.gather_s)
-            except queue.Empty:
-                break
-            if item is _STOP:
-                stop = True
-                break
-            batch.append(item)
-        return batch, stop
-
-    def _take(self, block: bool, room: int) -> tuple[list[Request], bool]:
-        """Pending requests (at most `room`): wait for the first one only when nothing is decoding."""
-        if room <= 0:
-            return [], False
-        if block:
-            first = self._queue.get()
-            if first is _STOP:
-                return [], True
-            batch, stop = self._gather(first)
-            return batch[:room], stop  # _gather stops at max_batch == room when idle
-        taken: list[Request] = []
-        while len(taken) < room:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return taken, True
-            taken.append(item)
-        return taken, False
-
-    def _worker(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch, stop = self._gather(first)
-            start = time.perf_counter()
-            try:
-                with self._lock:
-                    results = self.run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - every caller must hear about the failure
-                logger.exception("rollout engine batch of %d failed", len(batch))
-                for req in batch:
-                    req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
-            else:
-                for req, res in zip(batch, results, strict=True):
-                    res.timing.update(queue_s=start - req.enqueued, batch_s=time.perf_counter() - start)
-                    res.timing["batch_size"] = float(len(batch))
-                    req.loop.call_soon_threadsafe(_resolve, req.future, res)
-            if stop:
-                return
 
 
 def filtered_logprobs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -181,11 +62,12 @@ def filtered_logprobs(logits: torch.Tensor, sampling: SamplingParams) -> torch.T
 class _Row:
     """Decode state of one request inside a batch."""
 
-    def __init__(self, req: Request, forced: list[int] | None):
+    def __init__(self, req: Request):
         self.req = req
-        self.forced = forced or []
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []  # the policy version that sampled each token
+        self.logits_version = 0  # the version whose forward produced the row's pending next-token logits
         self.finish: str | None = None
         self.stop_string: str | None = None
         self.generator = None
@@ -208,88 +90,14 @@ class _Batch:
     started: list[_Row] = field(default_factory=list)  # every row that ever joined, in order
 
 
-class _GrowingLayer(DynamicLayer):
-    """A DynamicLayer whose keys / values are views of a buffer [B, heads, capacity, head_dim] with room to grow.
-
-    DynamicLayer appends by `torch.cat` of the whole cache, an O(B x S) copy per decode step and layer, which made a
-    wide continuous batch cost more per step than a narrow one; here a step writes its column in place and the
-    buffer is reallocated (with spare room) only when full, on a join, or when rows leave."""
-
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
-        super().__init__()
-        self.is_initialized = True
-        self.dtype, self.device = kbuf.dtype, kbuf.device
-        self._kbuf, self._vbuf, self.length = kbuf, vbuf, length
-        self._view()
-
-    @classmethod
-    def merged(cls, parts: list[DynamicLayer], width: int) -> _GrowingLayer:
-        """One layer holding `parts` stacked along the batch, each right-aligned to `width` columns."""
-        rows = sum(p.keys.shape[0] for p in parts)
-        _, h, _, d = parts[0].keys.shape
-        kbuf = parts[0].keys.new_zeros((rows, h, width + _spare(width), d))
-        vbuf = torch.zeros_like(kbuf)
-        at = 0
-        for p in parts:
-            n, s = p.keys.shape[0], p.keys.shape[2]
-            kbuf[at : at + n, :, width - s : width] = p.keys
-            vbuf[at : at + n, :, width - s : width] = p.values
-            at += n
-        return cls(kbuf, vbuf, width)
-
-    def _view(self) -> None:
-        self.keys, self.values = self._kbuf[:, :, : self.length], self._vbuf[:, :, : self.length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.length + key_states.shape[2]
-        if end > self._kbuf.shape[2]:  # full: reallocate with room (amortised; a step never copies the cache)
-            self._kbuf, self._vbuf = (self._grown(buf, end + _spare(end)) for buf in (self._kbuf, self._vbuf))
-        self._kbuf[:, :, self.length : end] = key_states
-        self._vbuf[:, :, self.length : end] = value_states
-        self.length = end
-        self._view()
-        return self.keys, self.values
-
-    def _grown(self, buf: torch.Tensor, capacity: int) -> torch.Tensor:
-        out = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[3]))
-        out[:, :, : self.length] = buf[:, :, : self.length]
-        return out
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-        self._view()
-
-    def drop_left(self, n: int) -> None:
-        """Forget the first `n` columns (padding in every live row)."""
-        self._kbuf, self._vbuf = self._kbuf[:, :, n:], self._vbuf[:, :, n:]
-        self.length -= n
-        self._view()
-
-
-def _spare(width: int) -> int:
-    return max(64, width // 2)
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    extra = width - t.shape[dim]
-    if extra <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
 def _result(row: _Row) -> GenerationResult:
-    return GenerationResult(row.tokens, row.logprobs, row.finish, row.stop_string)
+    return GenerationResult(row.tokens, row.logprobs, row.finish, row.stop_string, versions=row.versions)
 
 
 def _deliver(row: _Row, result: GenerationResult) -> None:
     now = time.perf_counter()
     result.timing.update(queue_s=row.start - row.req.enqueued, batch_s=now - row.start, batch_size=float(row.peak))
-    row.req.loop.call_soon_threadsafe(_resolve, row.req.future, result)
+    row.req.loop.call_soon_threadsafe(resolve, row.req.future, result)
 
 
 class HFEngine(BatchingEngine):
@@ -310,8 +118,8 @@ class HFEngine(BatchingEngine):
         self._token_text: dict[int, str] = {}  # token id -> its text alone (the stop-string pre-check)
         super().__init__(gather_ms=gather_ms, max_batch=max_batch)
 
-    # ---- weights ----------------------------------------------------------------------------------------------
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    # ---- weights (BatchingEngine.load_weights parks them; they land between two decode steps) -------------------
+    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         own = self.model.state_dict()
         unknown = [k for k in state_dict if k not in own]
         if unknown:
@@ -320,14 +128,11 @@ class HFEngine(BatchingEngine):
         missing = [k for k in own if k not in state_dict and not (tied and k == "lm_head.weight")]
         if missing:
             raise KeyError(f"load_weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
-        with self._lock, torch.no_grad():
-            for name, tensor in state_dict.items():
-                own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
 
-    # ---- hooks ------------------------------------------------------------------------------------------------
-    def forced_tokens(self, prompt_ids: list[int]) -> list[int] | None:
-        """Token ids this request must emit first (none here; scripted test / benchmark engines override it)."""
-        return None
+    def apply_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        own = self.model.state_dict()
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
 
     # ---- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -352,12 +157,13 @@ class HFEngine(BatchingEngine):
             live = len(batch.rows) if batch is not None else 0
             if live == 0 and stopping:
                 return
-            joinable = live == 0 or all(isinstance(layer, _GrowingLayer) for layer in batch.past.layers)
+            joinable = live == 0 or all(isinstance(layer, GrowingLayer) for layer in batch.past.layers)
             room = self.max_batch - live if joinable else 0
             new, stop = self._take(block=live == 0, room=room) if not stopping else ([], False)
             stopping = stopping or stop
             try:
                 with self._lock, torch.no_grad():
+                    self._apply_pending()  # weights that arrived during the last step land here
                     if new:
                         batch = self._join(batch, self._prefill(new))
                     if batch is None or not batch.rows:
@@ -371,11 +177,11 @@ class HFEngine(BatchingEngine):
                 failed = {id(r.req): r.req for r in (batch.rows if batch is not None else [])}
                 failed.update({id(r): r for r in new})
                 for req in failed.values():
-                    req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+                    req.loop.call_soon_threadsafe(resolve, req.future, None, exc)
                 batch = None
 
     def _prefill(self, requests: list[Request]) -> _Batch:
-        rows = [_Row(r, self.forced_tokens(r.prompt_ids)) for r in requests]
+        rows = [_Row(r) for r in requests]
         width = max(len(r.prompt_ids) for r in requests)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -388,11 +194,11 @@ class HFEngine(BatchingEngine):
         self.counters["prefills"] += 1
         past = out.past_key_values
         if all(type(layer) is DynamicLayer for layer in past.layers):  # else (sliding window...): as the model made it
-            past.layers = [_GrowingLayer.merged([layer], width) for layer in past.layers]
+            past.layers = [GrowingLayer.merged([layer], width) for layer in past.layers]
         batch = _Batch(rows, past, attn, pos[:, -1], out.logits[:, -1, :])
         batch.started = list(rows)
         for row in rows:
-            row.peak = len(rows)
+            row.peak, row.logits_version = len(rows), self.version
         return batch
 
     def _join(self, batch: _Batch | None, new: _Batch) -> _Batch:
@@ -400,12 +206,12 @@ class HFEngine(BatchingEngine):
         mask 0 on the left padding); one copy per join, none per decode step."""
         if batch is None or not batch.rows:
             return new
-        if not all(isinstance(layer, _GrowingLayer) for layer in batch.past.layers):
+        if not all(isinstance(layer, GrowingLayer) for layer in batch.past.layers):
             raise RuntimeError("continuous batching needs a plain DynamicCache (no sliding-window layers)")
         width = max(batch.attn.shape[1], new.attn.shape[1])
         for i, (old, add) in enumerate(zip(batch.past.layers, new.past.layers, strict=True)):
-            batch.past.layers[i] = _GrowingLayer.merged([old, add], width)
-        batch.attn = torch.cat([_left_pad(batch.attn, width, 1), _left_pad(new.attn, width, 1)])
+            batch.past.layers[i] = GrowingLayer.merged([old, add], width)
+        batch.attn = torch.cat([left_pad(batch.attn, width, 1), left_pad(new.attn, width, 1)])
         batch.last_pos = torch.cat([batch.last_pos, new.last_pos])
         batch.logits = torch.cat([batch.logits, new.logits])
         batch.rows += new.rows
@@ -431,7 +237,7 @@ class HFEngine(BatchingEngine):
         first = int(batch.attn.any(0).nonzero()[0])  # columns that are padding in every live row: drop them
         if first > 0:
             for layer in batch.past.layers:
-                if isinstance(layer, _GrowingLayer):
+                if isinstance(layer, GrowingLayer):
                     layer.drop_left(first)
                 else:
                     layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
@@ -453,9 +259,11 @@ class HFEngine(BatchingEngine):
             use_cache=True,
         )
         batch.logits, batch.past = out.logits[:, -1, :], out.past_key_values
+        for row in batch.rows:  # an update landing before the next step does not change what these logits sample
+            row.logits_version = self.version
 
     def _choose(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
-        """Next token of every row (forced, greedy or sampled with the row's generator), recorded on the row. The
+        """Next token of every row (greedy or sampled with the row's generator), recorded on the row. The
         log-probs of rows that share sampling settings are computed as one batch, not row by row."""
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
@@ -469,24 +277,23 @@ class HFEngine(BatchingEngine):
                 at = torch.tensor(index, device=logits.device)
                 logp[at] = filtered_logprobs(logits[at], rows[index[0]].req.sampling)
         greedy = logp.argmax(-1).tolist()
-        tokens = []
-        for i, row in enumerate(rows):
-            n = len(row.tokens)
-            if n < len(row.forced):
-                tokens.append(row.forced[n])
-            elif row.req.sampling.temperature == 0:
-                tokens.append(greedy[i])
-            else:
-                tokens.append(int(torch.multinomial(logp[i].exp().cpu(), 1, generator=row.generator)))
+        tokens = [self._next_token(row, logp[i], greedy[i]) for i, row in enumerate(rows)]
         chosen = logp[torch.arange(len(rows), device=logp.device), torch.tensor(tokens, device=logp.device)]
         for row, token, lp in zip(rows, tokens, chosen.tolist(), strict=True):
             self._record(row, token, lp)
         return tokens
 
+    def _next_token(self, row: _Row, logp: torch.Tensor, greedy: int) -> int:
+        """The row's next token: greedy at temperature 0, else sampled from `logp` [V] with the row's generator."""
+        if row.req.sampling.temperature == 0:
+            return greedy
+        return int(torch.multinomial(logp.exp().cpu(), 1, generator=row.generator))
+
     def _record(self, row: _Row, token: int, logprob: float) -> None:
         """Append the row's token and decide whether the row is finished."""
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        row.versions.append(row.logits_version)
         if token in self.eos_ids:
             row.finish = "eos"
         elif row.req.stop and self._may_complete(token, row.req.stop) and (hit := self._stop_hit(row)) is not None:
@@ -509,20 +316,3 @@ class HFEngine(BatchingEngine):
         tail = self.tokenizer.decode(row.tokens[-window:], skip_special_tokens=False)
         hits = [(tail.find(s), s) for s in row.req.stop if s and s in tail]
         return min(hits)[1] if hits else None
-
-
-class ScriptedHFEngine(HFEngine):
-    """The real HF engine whose first tokens of each turn are forced from a script (tests, benchmarks, demos).
-
-    A tiny random model never writes `<search>` by itself; `script(context_text)` returns the text the policy must
-    write next (or None: sample freely). The forced ids go through the same decode loop, stop-string check,
-    logprob and GenerationResult path as sampled ones, and once the script runs out the model samples on.
-    """
-
-    def __init__(self, model, tokenizer, script, **kwargs):
-        self.script = script
-        super().__init__(model, tokenizer, **kwargs)
-
-    def forced_tokens(self, prompt_ids: list[int]) -> list[int] | None:
-        text = self.script(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-        return None if text is None else self.tokenizer.encode(text, add_special_tokens=False)

@@ -33,7 +33,7 @@ import torch
 
 from rsearch_verl.config import RolloutConfig
 from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
-from rsearch_verl.rollout.engines.hf import BatchingEngine, Request, _resolve
+from rsearch_verl.rollout.engines.batching import BatchingEngine, Request, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,13 @@ def vllm_sampling(sampling: SamplingParams, stop: list[str], eos_ids: set[int]):
     )
 
 
-def to_result(completion, eos_ids: set[int]) -> GenerationResult:
-    """One vLLM CompletionOutput -> GenerationResult with our finish reasons ("stop" | "eos" | "length")."""
-    tokens = [int(t) for t in completion.token_ids]
-    logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs or [], tokens, strict=True)]
+def to_result(completion, eos_ids: set[int], tokens: list[int] | None = None, logprobs: list | None = None,
+              versions: list[int] | None = None) -> GenerationResult:  # fmt: skip
+    """One vLLM CompletionOutput -> GenerationResult with our finish reasons ("stop" | "eos" | "length"). `tokens`,
+    `logprobs` (vLLM's per-step dicts) and `versions`: the whole request's, when the outputs came as deltas."""
+    tokens = [int(t) for t in (completion.token_ids if tokens is None else tokens)]
+    steps = completion.logprobs if logprobs is None else logprobs
+    logprobs = [float(step[tok].logprob) for step, tok in zip(steps or [], tokens, strict=True)]
     stop_string = completion.stop_reason if isinstance(completion.stop_reason, str) else None
     if stop_string is not None:
         finish = "stop"
@@ -70,7 +73,22 @@ def to_result(completion, eos_ids: set[int]) -> GenerationResult:
         finish = "eos"
     else:  # vLLM "stop" without a stop string or EOS (e.g. an EOS id from the model's generation config)
         finish = "eos"
-    return GenerationResult(token_ids=tokens, logprobs=logprobs, finish_reason=finish, stop_string=stop_string)
+    return GenerationResult(tokens, logprobs, finish, stop_string, versions=list(versions or []))
+
+
+class _InFlight:
+    """A request inside the continuously stepped engine: its tokens, log-probs and versions so far."""
+
+    def __init__(self, req: Request):
+        self.req, self.added, self.peak = req, time.perf_counter(), 1
+        self.tokens: list[int] = []
+        self.logprobs: list = []
+        self.versions: list[int] = []
+
+    def extend(self, delta, version: int) -> None:
+        self.tokens.extend(int(t) for t in delta.token_ids)
+        self.logprobs.extend(delta.logprobs or [])
+        self.versions.extend([version] * len(delta.token_ids))
 
 
 class VLLMEngine(BatchingEngine):
@@ -152,7 +170,7 @@ class VLLMEngine(BatchingEngine):
             raise
 
     def request_params(self, req: Request):
-        """The vllm.SamplingParams of one request (a hook: subclasses add e.g. `extra_args` for a logits processor)."""
+        """The vllm.SamplingParams of one request."""
         return vllm_sampling(req.sampling, req.stop, self.eos_ids)
 
     def run_batch(self, requests: list[Request]) -> list[GenerationResult]:
@@ -168,7 +186,7 @@ class VLLMEngine(BatchingEngine):
             super()._worker()
             return
         engine = self.llm.llm_engine
-        inflight: dict[str, list] = {}  # vLLM request id -> [request, time it was added, largest batch it was in]
+        inflight: dict[str, _InFlight] = {}  # vLLM request id -> the request and what it produced so far
         stopping = False
         while not (stopping and not inflight):
             room = self.max_batch - len(inflight)
@@ -176,10 +194,11 @@ class VLLMEngine(BatchingEngine):
             stopping = stopping or stop
             try:
                 with self._lock:
+                    self._apply_pending()  # weights that arrived during the last step land here
                     for req in new:
                         self._add(engine, req, inflight)
                     for entry in inflight.values() if new else ():
-                        entry[2] = max(entry[2], len(inflight))
+                        entry.peak = max(entry.peak, len(inflight))
                     outputs = engine.step() if inflight else []
                     self.counters["decode_steps"] += int(bool(inflight))
             except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about the failure
@@ -187,12 +206,16 @@ class VLLMEngine(BatchingEngine):
                 self._fail_all(engine, inflight, exc)
                 continue
             for out in outputs:
-                if out.finished and out.request_id in inflight:
-                    req, added, peak = inflight.pop(out.request_id)
-                    result = to_result(out.outputs[0], self.eos_ids)
-                    result.timing.update(queue_s=added - req.enqueued, batch_s=time.perf_counter() - added)
-                    result.timing["batch_size"] = float(peak)
-                    req.loop.call_soon_threadsafe(_resolve, req.future, result)
+                entry = inflight.get(out.request_id)
+                if entry is None:
+                    continue
+                entry.extend(out.outputs[0], self.version)  # deltas: the tokens this step sampled
+                if out.finished:
+                    del inflight[out.request_id]
+                    result = to_result(out.outputs[0], self.eos_ids, entry.tokens, entry.logprobs, entry.versions)
+                    waited, took = entry.added - entry.req.enqueued, time.perf_counter() - entry.added
+                    result.timing.update(queue_s=waited, batch_s=took, batch_size=float(entry.peak))
+                    entry.req.loop.call_soon_threadsafe(resolve, entry.req.future, result)
 
     def _add(self, engine, req: Request, inflight: dict) -> None:
         """Hand one request to vLLM; a request vLLM rejects (too long, bad parameters) fails alone."""
@@ -200,18 +223,18 @@ class VLLMEngine(BatchingEngine):
 
         try:
             params = self.request_params(req)
-            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
+            params.output_kind = RequestOutputKind.DELTA  # each step's new tokens: their policy version is known
             rid = str(next(self._ids))  # outputs carry this id (add_request returns an internal, suffixed one)
             engine.add_request(rid, {"prompt_token_ids": req.prompt_ids}, params)
         except Exception as exc:  # noqa: BLE001 - the caller gets vLLM's error
-            req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+            req.loop.call_soon_threadsafe(resolve, req.future, None, exc)
             return
-        inflight[rid] = [req, time.perf_counter(), 1]
+        inflight[rid] = _InFlight(req)
 
     @staticmethod
     def _fail_all(engine, inflight: dict, exc: BaseException) -> None:
-        for req, *_ in inflight.values():
-            req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+        for entry in inflight.values():
+            entry.req.loop.call_soon_threadsafe(resolve, entry.req.future, None, exc)
         try:
             engine.abort_request(list(inflight))
         except Exception:  # noqa: BLE001 - the engine is already broken; the callers have their error
@@ -231,14 +254,16 @@ class VLLMEngine(BatchingEngine):
         steps = out.prompt_logprobs
         return [float(steps[i][token_ids[i]].logprob) for i in range(start, len(token_ids))]
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def apply_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Called under the step lock, between two engine steps (BatchingEngine.load_weights)."""
         # the CPU backend repacks linear weights after loading: only vLLM's own reload path leaves them usable
+        weights = [(name, t.detach().to("cpu").contiguous()) for name, t in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         if self.tensor_parallel_size > 1:
             raise NotImplementedError("load_weights: tensor_parallel_size > 1 needs vLLM's weight-transfer engine")
-        weights = [(name, t.detach().to("cpu").contiguous()) for name, t in state_dict.items()]
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def close(self) -> None:
         if self._closed:
@@ -251,100 +276,3 @@ class VLLMEngine(BatchingEngine):
         del llm
         if self._owned_dir:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
-
-
-def forced_tokens_processor():
-    """A vLLM (v1) logits processor class that forces each request's `extra_args["forced"]` token ids, one per decode
-    step, then lets the request sample freely: the forced token keeps its logit, every other one gets -inf (so the
-    reported log-prob of a forced token is 0). Batch-level: one masked write per step for all forced rows."""
-    from vllm.v1.sample.logits_processor import LogitsProcessor
-    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
-
-    class ForcedTokens(LogitsProcessor):
-        def __init__(self, vllm_config, device, is_pin_memory):
-            self.rows: dict[int, tuple[list[int], list[int]]] = {}  # batch index -> (forced ids, output ids so far)
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def update_state(self, batch_update) -> None:
-            def state(params, _prompt_ids, output_ids):
-                forced = (params.extra_args or {}).get("forced")
-                return (forced, output_ids) if forced else None
-
-            process_dict_updates(self.rows, batch_update, state)
-
-        def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            at = [(i, f[len(out)]) for i, (f, out) in self.rows.items() if len(out) < len(f)]
-            if at:
-                index, tokens = (torch.tensor(x, device=logits.device) for x in zip(*at, strict=True))
-                logits[index] = float("-inf")
-                logits[index, tokens] = 0.0
-            return logits
-
-    return ForcedTokens
-
-
-class ScriptedVLLMEngine(VLLMEngine):
-    """The vLLM engine whose turns start with scripted text (tests, benchmarks; like `hf.ScriptedHFEngine`).
-
-    `script(context_text)` returns the text the policy must write next, or None (sample freely). Two modes:
-      * batch (`continuous=False`, the default here): the forced tokens are cut after the first stop string or EOS
-        exactly as a sampled turn would be and their log-probs are vLLM's own (`prompt_logprobs`, raw model
-        distribution, i.e. temperature 1); if the script does not reach a stop, vLLM samples the rest of the turn.
-        The forced text is a prefill: this checks the agent loop's logic on vLLM, not its timing.
-      * continuous: the forced tokens are real decode steps of the continuously batched engine (a logits processor,
-        `forced_tokens_processor`), cut by vLLM's own stop strings; their log-probs are 0 (the forced distribution).
-        For timing (benchmarks/rollout_async.py) and the agent loop on the continuous engine.
-    """
-
-    def __init__(self, model_dir: str, tokenizer, script, continuous: bool = False, **kwargs):
-        self.script = script
-        if continuous:
-            kwargs["logits_processors"] = [forced_tokens_processor()]
-        super().__init__(model_dir, tokenizer, continuous=continuous, **kwargs)
-
-    def request_params(self, req: Request):
-        params = super().request_params(req)
-        if self.continuous:
-            text = self.script(self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False))
-            if text is not None:
-                params.extra_args = {"forced": self.tokenizer.encode(text, add_special_tokens=False)}
-        return params
-
-    @classmethod
-    def from_model(cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", *, script=None, **kw):
-        return super().from_model(rollout_cfg, model, tokenizer, device, script=script, **kw)
-
-    def _cut(self, forced: list[int], req: Request) -> tuple[list[int], str | None, str | None]:
-        for n in range(1, min(len(forced), req.sampling.max_tokens) + 1):
-            if forced[n - 1] in self.eos_ids:
-                return forced[:n], "eos", None
-            text = self.tokenizer.decode(forced[:n], skip_special_tokens=False)
-            hit = next((s for s in req.stop if s and s in text), None)
-            if hit is not None:
-                return forced[:n], "stop", hit
-        n = min(len(forced), req.sampling.max_tokens)
-        return forced[:n], ("length" if n == req.sampling.max_tokens else None), None
-
-    def run_batch(self, requests: list[Request]) -> list[GenerationResult]:
-        results: list[GenerationResult | None] = [None] * len(requests)
-        free: list[int] = []
-        for i, req in enumerate(requests):
-            text = self.script(self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False))
-            if text is None:
-                free.append(i)
-                continue
-            forced, finish, hit = self._cut(self.tokenizer.encode(text, add_special_tokens=False), req)
-            logprobs = self.prompt_logprobs(req.prompt_ids + forced, len(req.prompt_ids))
-            if finish is not None:
-                results[i] = GenerationResult(forced, logprobs, finish, hit)
-                continue
-            rest_params = SamplingParams(**{**vars(req.sampling), "max_tokens": req.sampling.max_tokens - len(forced)})
-            rest = super().run_batch([Request(req.prompt_ids + forced, rest_params, req.stop, req.loop, req.future)])[0]
-            results[i] = GenerationResult(forced + rest.token_ids, logprobs + rest.logprobs, rest.finish_reason,
-                                          rest.stop_string)  # fmt: skip
-        if free:
-            for i, res in zip(free, super().run_batch([requests[i] for i in free]), strict=True):
-                results[i] = res
-        return results  # type: ignore[return-value]
