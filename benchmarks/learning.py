@@ -7,7 +7,8 @@ has its own seed (model.warm_start_seed), so all RL seeds of a world start from 
 
 Variants: PPO (search_r1_ppo, the README's main job) with observation masking, the same without masking
 (`algorithm.mask_observations=false`, Search-R1's Table 4 ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts:
-the same 16 trajectories per step as PPO's 16 prompts) with masking.
+the same 16 trajectories per step as PPO's 16 prompts) with masking, and PPO trained asynchronously with batches one
+update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the default grid, `--only ppo_async1`).
 
 Per variant: EM gain (after - before) min / median / max, the share of runs that gain >= +0.25, searches per
 question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
@@ -38,6 +39,13 @@ VARIANTS = {
     "ppo": ["+recipe=search_r1_ppo"],
     "ppo_nomask": ["+recipe=search_r1_ppo", "algorithm.mask_observations=false"],
     "grpo": ["+recipe=search_r1_grpo", "rollout.n=4", "data.train_batch_size=4"],
+    # cross-step asynchronous training (docs/async_training.md): split workers, batches one update old
+    "ppo_async1": [
+        "+recipe=search_r1_ppo",
+        "trainer.placement=split",
+        "trainer.max_staleness=1",
+        "trainer.ray_num_cpus=2",
+    ],  # fmt: skip
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 TARGET = 0.25  # held-out EM gain every run must reach
@@ -98,11 +106,8 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
         s_after = statistics.median(r["searches_after"] for r in runs)
         searches = f"{s_before:.2f} -> {s_after:.2f}"
         lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14}")
-    paired = {(r["seed"], r["world"]): r for r in by_variant.get("ppo_nomask", [])}
-    effect = [r["em_after"] - paired[(r["seed"], r["world"])]["em_after"] for r in by_variant.get("ppo", [])
-              if (r["seed"], r["world"]) in paired]  # fmt: skip
-    if effect:
-        lines.append(f"masking effect (EM after RL, ppo - ppo_nomask, {len(effect)} pairs): {spread(effect)}")
+    lines += _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
+    lines += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
     head = by_variant.get("ppo") or next(r for r in by_variant.values() if r)
     worst = min(head, key=lambda r: r["em_after"] - r["em_before"])
     gain = worst["em_after"] - worst["em_before"]
@@ -113,11 +118,19 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     return lines
 
 
+def _paired(by_variant: dict, a: str, b: str, title: str) -> list[str]:
+    """EM after RL of variant a minus b, paired by seed and world (one line, or none without pairs)."""
+    other = {(r["seed"], r["world"]): r for r in by_variant.get(b, [])}
+    diffs = [r["em_after"] - other[(r["seed"], r["world"])]["em_after"] for r in by_variant.get(a, [])
+             if (r["seed"], r["world"]) in other]  # fmt: skip
+    return [f"{title}, {len(diffs)} pairs): {spread(diffs)}"] if diffs else []
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="RL seeds 1..N")
     parser.add_argument("--worlds", type=int, default=3, help="toy world seeds 0..M-1")
-    parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants: " + ",".join(VARIANTS))
+    parser.add_argument("--only", default="ppo,ppo_nomask,grpo", help="comma-separated variants: " + ",".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the trainer group's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each then uses one torch thread)")
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")

@@ -71,17 +71,14 @@ import logging
 import os
 import random
 import re
-import socket
 import statistics
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 
 from rsearch_verl.config import RSearchConfig, TinyModelConfig  # noqa: E402
@@ -89,9 +86,10 @@ from rsearch_verl.data.dataset import PromptDataset  # noqa: E402
 from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer  # noqa: E402
 from rsearch_verl.rollout.agent_loop import generate_batch_async, observation_ids  # noqa: E402
 from rsearch_verl.rollout.engines import SamplingParams  # noqa: E402
-from rsearch_verl.testing.scripted_engines import ScriptedHFEngine  # noqa: E402
 from rsearch_verl.rollout.protocols import Action, get_protocol  # noqa: E402
 from rsearch_verl.search.client import SearchClient  # noqa: E402
+from rsearch_verl.testing.latency_proxy import serve  # noqa: E402
+from rsearch_verl.testing.scripted_engines import ScriptedHFEngine  # noqa: E402
 
 logger = logging.getLogger("rollout_async")
 
@@ -123,17 +121,6 @@ def scripted_vllm_engine(model, tok, script, max_batch: int):
     cfg = RSearchConfig().rollout
     cfg.engine, cfg.max_concurrent_trajectories = "vllm", max_batch
     return ScriptedVLLMEngine.from_model(cfg, model, tok, script=script, continuous=True)
-
-
-def serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=srv.run, daemon=True).start()
-    while not srv.started:
-        time.sleep(0.05)
-    return srv, f"http://127.0.0.1:{port}"
 
 
 def searches_of(i: int, args) -> int:
