@@ -12,7 +12,8 @@ The agent loop uses it like this:
     action = proto.parse_turn(turn_text)                              # search / answer / none
     if action.kind == "search":
         obs_text = await proto.observe(action, search)                # inserted with response_mask 0
-    answer = proto.extract_answer(segments)   # THE answer extractor: rewards, evaluation, the viewer, parse_turn
+    answer = proto.extract_answer(segments)   # THE answer extractor: rewards, evaluation, the viewer
+                                              # (parse_turn applies the same rule, `answer_in`, to one turn)
 
 `segments` is the trajectory's `[(role, text)]` record (rsearch_verl/rollout/segments.py): the answer is read from
 policy text only, i.e. the policy segments; a block the policy forged itself (an `<information>` it typed) is policy
