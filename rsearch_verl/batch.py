@@ -34,7 +34,7 @@ Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
     response_text   str             decoded response (policy and observation text)
     segments        list[(role, text)]  role "policy" | "observation", in order; joins to response_text
     n_searches, n_turns  int
-    finish_reason   str             "answer" | "eos" | "max_turns" | "length" | "stop"
+    finish_reason   str             one of FINISH_REASONS: "answer" | "eos" | "max_turns" | "length" | "stop"
     search_failed   bool            a search failed for an outage reason (timeout, connection, 5xx): with
                                     retriever.breaker.drop_failed the driver zeroes the row's loss_mask
     turn_timing     list[dict]      per turn: {"gen_s", "search_s"}
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+FINISH_REASONS = ("answer", "eos", "max_turns", "length", "stop")  # why a trajectory ended (agent loop)
 TENSOR_KEYS_FROM_ROLLOUT = (
     "prompts",
     "responses",

@@ -117,7 +117,7 @@ class SkillProbe:
         prompts = self.data.to_batch(list(range(len(self.data))), uids=[f"probe-{i}" for i in range(len(self.data))])
         prompts.meta_info.update(validate=True, seed=PROBE_SEED)
         nt = generate_batch(self.engine, self.tokenizer, prompts, cfg, search=self.search).non_tensor_batch
-        answers = [self.protocol.extract_answer(str(text)) or "" for text in nt["response_text"]]
+        answers = [self.protocol.extract_answer([tuple(s) for s in segs]) or "" for segs in nt["segments"]]
         em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)])
         searched = nt["n_searches"].astype(int) > 0
         return Skills(

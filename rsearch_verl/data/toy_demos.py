@@ -35,6 +35,7 @@ from rsearch_verl.data.toy_world import (
     name_pools,
     question_pool,
 )
+from rsearch_verl.rollout.segments import OBSERVATION, POLICY
 
 # How the policy writes a thought, a search call and the final answer in each protocol (the papers' formats).
 # Every rendered demonstration is checked against the protocol's own parser, so a mismatch fails loudly.
@@ -250,7 +251,8 @@ def demonstrations(
         else:
             answer = _guess(side.entities, rng, q)
             segments = _guess_segments(fmt, answer)
-        got = proto.extract_answer("".join(t for role, t in segments if role != "observation"))
+        # "answer" / "guess" segments are text the policy writes (roles for the SFT loss weights): policy text here
+        got = proto.extract_answer([(OBSERVATION if role == OBSERVATION else POLICY, t) for role, t in segments])
         if got is None or got.strip() != answer:
             raise ValueError(f"demonstrations: protocol {protocol_name!r} extracts {got!r}, wanted {answer!r}")
         prompt = proto.build_prompt(q["question"], variant)

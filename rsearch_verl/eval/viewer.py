@@ -9,6 +9,8 @@ shown in `<span class="obs">` with a grey background, policy tokens plain. The s
 `segments` field when present (`[[text, 0|1], ...]`; the agent loop's `[role, text]` pairs work too); otherwise each
 contiguous run of equal `response_mask` is decoded with the run's tokenizer (`--tokenizer DIR`, else `config.yaml` ->
 `model.tokenizer_path` / `model.path`; nothing is downloaded); without either the response is shown unmarked.
+The answer shown is the dump's `answer`, else the run's protocol's `extract_answer` (`config.yaml` ->
+`rollout.protocol`, default search_r1) on the policy segments, exactly as the rewards read it.
 
 The page has inline CSS and JS only (no external resources) and every piece of text is HTML-escaped, so a
 trajectory containing `<information>` or `<script>` shows as text. A filter box narrows trajectories by text and
@@ -26,12 +28,15 @@ import os
 import re
 from types import SimpleNamespace
 
+from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
+from rsearch_verl.rollout.segments import OBSERVATION as OBS_ROLE
+from rsearch_verl.rollout.segments import POLICY as POLICY_ROLE
+
 logger = logging.getLogger(__name__)
 
 OBS, POLICY = 0, 1
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+DEFAULT_PROTOCOL = "search_r1"  # the config's default rollout.protocol
 
 
 def find_steps(run_dir: str) -> list[int]:
@@ -57,17 +62,28 @@ def load_rollouts(run_dir: str, step: int) -> list[dict]:
     return rows
 
 
-def _protocol_special_tokens(cfg: dict) -> list[str]:
-    """Special tokens the run's protocol added to the tokenizer (R1-Searcher's markers), so ids decode the same."""
-    from rsearch_verl.rollout.protocols import get_protocol
+def load_run_config(run_dir: str) -> dict:
+    """`RUN_DIR/config.yaml` as a plain dict ({} when absent). The run directory is a record written by an older or
+    newer version of the code: callers read it leniently."""
+    import yaml
 
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        logger.info("viewer: no config.yaml in %s", run_dir)
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
+
+
+def run_protocol(cfg: dict) -> SearchProtocol:
+    """The run's search protocol (`rollout.protocol`); the default one when unknown, so the page still renders."""
     rollout = cfg.get("rollout") or {}
+    name = rollout.get("protocol") or DEFAULT_PROTOCOL
     try:
-        protocol = get_protocol(rollout.get("protocol", "search_r1"), **(rollout.get("protocol_kwargs") or {}))
-        return list(protocol.special_tokens)
-    except Exception as exc:  # an unknown or renamed protocol must not stop the page; ids may then decode worse
-        logger.warning("viewer: protocol tokens unavailable (%s)", exc)
-        return []
+        return get_protocol(name, **(rollout.get("protocol_kwargs") or {}))
+    except Exception as exc:  # an unknown or renamed protocol must not stop the page; answers may then read worse
+        logger.warning("viewer: protocol %r unavailable (%s); reading answers as %s", name, exc, DEFAULT_PROTOCOL)
+        return get_protocol(DEFAULT_PROTOCOL)
 
 
 def _local_source(name: str | None, run_dir: str) -> str | None:
@@ -84,15 +100,9 @@ def _local_source(name: str | None, run_dir: str) -> str | None:
 
 def load_run_tokenizer(run_dir: str):
     """The tokenizer the run used, from `RUN_DIR/config.yaml`, or None when it cannot be loaded offline."""
-    import yaml
-
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        logger.info("viewer: no config.yaml in %s; no tokenizer", run_dir)
+    cfg = load_run_config(run_dir)
+    if not cfg:
         return None
-    with open(path, encoding="utf-8") as f:
-        cfg = yaml.safe_load(f) or {}
-    # The run directory is a record written by an older or newer version of the code: read it leniently.
     model = cfg.get("model") or {}
     tok_path = _local_source(model.get("tokenizer_path"), run_dir)
     model_path = _local_source(model.get("path"), run_dir)
@@ -102,7 +112,9 @@ def load_run_tokenizer(run_dir: str):
     if tok_path is None and model_path is None:
         logger.warning("viewer: model %r has no local tokenizer", model.get("path"))
         return None
-    return load_tokenizer_from(tok_path, model_path, model.get("gguf_file"), _protocol_special_tokens(cfg))
+    # the protocol's special tokens (R1-Searcher's markers) were added to the run's tokenizer: ids decode the same
+    special = list(run_protocol(cfg).special_tokens)
+    return load_tokenizer_from(tok_path, model_path, model.get("gguf_file"), special)
 
 
 def load_tokenizer_from(tokenizer_path: str | None, model_path: str | None = None, gguf_file=None, extra_special=()):
@@ -168,16 +180,14 @@ def response_segments(row: dict, tokenizer=None) -> list[tuple[str, int | None]]
     return [(str(row.get("response") or ""), None)]
 
 
-def extract_answer(row: dict, segments: list[tuple[str, int | None]]) -> str | None:
-    """The dump's `answer` if present, else the last <answer>…</answer> or \\boxed{…} the policy wrote."""
+def extract_answer(row: dict, segments: list[tuple[str, int | None]], protocol: SearchProtocol) -> str | None:
+    """The dump's `answer` if present, else `protocol.extract_answer` on the policy segments (never an answer quoted
+    in a document); a response shown unmarked (no mask known) is read as a string without a mask."""
     if row.get("answer") is not None:
         return str(row["answer"])
-    policy_text = "".join(text for text, m in segments if m != OBS)  # never an answer quoted in a document
-    for pattern in (_ANSWER, _BOXED):
-        found = pattern.findall(policy_text)
-        if found:
-            return found[-1].strip()
-    return None
+    if any(m is None for _, m in segments):
+        return protocol.extract_answer("".join(text for text, _ in segments))
+    return protocol.extract_answer([(OBS_ROLE if m == OBS else POLICY_ROLE, text) for text, m in segments])
 
 
 def _fmt_truth(value) -> str:
@@ -245,10 +255,10 @@ def _render_response(segments: list[tuple[str, int | None]]) -> str:
     return "".join(parts)
 
 
-def _render_traj(index: int, row: dict, tokenizer) -> tuple[str, dict]:
+def _render_traj(index: int, row: dict, tokenizer, protocol: SearchProtocol) -> tuple[str, dict]:
     """One <article> and its stats (observation / total token counts, and the same in characters)."""
     segments = response_segments(row, tokenizer)
-    answer = extract_answer(row, segments)
+    answer = extract_answer(row, segments, protocol)
     reward = row.get("reward")
     good = reward is not None and float(reward) > 0
     mask = row.get("response_mask") or []
@@ -281,11 +291,15 @@ def _render_traj(index: int, row: dict, tokenizer) -> tuple[str, dict]:
     return article, stats
 
 
-def render_html(rows: list[dict], step: int, tokenizer=None, title: str | None = None) -> str:
-    """The whole page for `rows` (dump lines of one step) as a string."""
+def render_html(
+    rows: list[dict], step: int, tokenizer=None, title: str | None = None, protocol: SearchProtocol | None = None
+) -> str:
+    """The whole page for `rows` (dump lines of one step) as a string; answers read by `protocol` (the run's;
+    default search_r1)."""
+    protocol = protocol or get_protocol(DEFAULT_PROTOCOL)
     articles, totals = [], {"obs": 0, "total": 0, "obs_chars": 0, "chars": 0}
     for i, row in enumerate(rows):
-        article, stats = _render_traj(i, row, tokenizer)
+        article, stats = _render_traj(i, row, tokenizer, protocol)
         articles.append(article)
         totals = {k: totals[k] + stats[k] for k in totals}
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
@@ -331,7 +345,8 @@ def write_viewer(run_dir: str, step: int | None = None, out: str | None = None, 
         # Only dumps without `segments` need token decoding; loading a tokenizer can take seconds.
         tokenizer = None if all(r.get("segments") for r in rows) else load_run_tokenizer(run_dir)
     out = out or os.path.join(run_dir, "rollouts", f"step_{step}.html")
-    page = render_html(rows, step, tokenizer, title=f"{os.path.basename(os.path.abspath(run_dir))}: step {step}")
+    title = f"{os.path.basename(os.path.abspath(run_dir))}: step {step}"
+    page = render_html(rows, step, tokenizer, title=title, protocol=run_protocol(load_run_config(run_dir)))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)

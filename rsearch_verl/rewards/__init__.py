@@ -4,13 +4,16 @@
     item = RewardInput(response=text, segments=[("policy", "..."), ("observation", "..."), ("policy", "...")],
                        ground_truth=["Paris"], question="...", extra={"n_searches": 1})
     results = compute_rewards("search_r1_em", [item])          # -> [RewardResult(score, metrics, answer)]
+    compute_rewards("search_r1_em", items, protocol=get_protocol("tool_call"))   # the recipe's protocol
     compute_rewards("r_search_evidence", items, judge_cfg=cfg.reward.judge)   # judge calls batched
     compute_rewards("r_search_evidence", items, judge="f1")                   # offline stand-in (CPU toy runs)
 
 Names: search_r1_em (kwarg format_shaped), research_f1, r1_searcher_stage1, r1_searcher_stage2,
-r_search_evidence, r_search_dag. Every reward reads the answer from POLICY text only: the "policy" segments
-joined in order, never the prompt and never observation text inserted by the environment. A trajectory
-without segments (e.g. a plain generation) is treated as all policy text.
+r_search_evidence, r_search_dag. Every reward reads the answer with the protocol's `extract_answer` (the one
+answer extractor): `protocol` is the recipe's (the trainer passes `rollout.protocol`), else the paper's protocol the
+reward was registered with. Answers and format checks read POLICY text only (`RewardInput.policy_text`: the
+"policy" segments joined in order, rsearch_verl/rollout/segments.py), never the prompt and never observation text
+inserted by the environment. A trajectory without segments (e.g. a plain generation) is all policy text.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICY, OBSERVATION = "policy", "observation"
+from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
+from rsearch_verl.rollout.segments import OBSERVATION, POLICY, Segment, policy_text
 
 
 @dataclass
@@ -32,14 +36,17 @@ class RewardInput:
     data_source: str = ""
     extra: dict = field(default_factory=dict)  # extra["n_searches"]: searches the environment executed
 
+    def all_segments(self) -> list[Segment]:
+        """The recorded segments, or the whole response as one policy segment when none were recorded."""
+        return list(self.segments) if self.segments else [(POLICY, self.response)]
+
     def policy_text(self) -> str:
         """Everything the policy sampled, observations removed (joined without separators)."""
-        if not self.segments:
-            return self.response
-        for role, _ in self.segments:
-            if role not in (POLICY, OBSERVATION):
-                raise ValueError(f"segment role must be {POLICY!r} or {OBSERVATION!r}, got {role!r}")
-        return "".join(text for role, text in self.segments if role == POLICY)
+        return policy_text(self.all_segments())
+
+    def answer(self, protocol: SearchProtocol) -> str | None:
+        """The final answer, as `protocol.extract_answer` reads it from the policy segments."""
+        return protocol.extract_answer(self.all_segments())
 
     def full_text(self) -> str:
         """Policy and observation text in order (the whole response)."""
@@ -64,16 +71,17 @@ class RewardResult:
     answer: str | None
 
 
-# (items, judge_cfg, **kwargs) -> one result per item, in order
+# (items, judge_cfg, protocol, **kwargs) -> one result per item, in order
 RewardFn = Callable[..., list[RewardResult]]
 REWARDS: dict[str, RewardFn] = {}
+PAPER_PROTOCOL: dict[str, str] = {}  # reward name -> the protocol of its paper (when no protocol is passed)
 
 
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
+def register(name: str, protocol: str) -> Callable[[RewardFn], RewardFn]:
     def deco(fn: RewardFn) -> RewardFn:
         if name in REWARDS:
             raise ValueError(f"reward {name!r} registered twice")
-        REWARDS[name] = fn
+        REWARDS[name], PAPER_PROTOCOL[name] = fn, protocol
         return fn
 
     return deco
@@ -87,13 +95,22 @@ def _check_kwargs(name: str, fn: RewardFn, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"reward {name!r} got unknown kwargs {unknown}; it accepts {allowed}")
 
 
-def compute_rewards(name: str, items: list[RewardInput], judge_cfg: Any = None, **kwargs: Any) -> list[RewardResult]:
-    """Score `items` with the reward registered as `name` (kwargs: the recipe's `reward.kwargs`)."""
+def compute_rewards(
+    name: str,
+    items: list[RewardInput],
+    judge_cfg: Any = None,
+    protocol: SearchProtocol | None = None,
+    **kwargs: Any,
+) -> list[RewardResult]:
+    """Score `items` with the reward registered as `name` (kwargs: the recipe's `reward.kwargs`). Answers are read
+    by `protocol.extract_answer`: the recipe's protocol, or (None) the protocol of the reward's paper."""
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
     fn = REWARDS[name]
     _check_kwargs(name, fn, kwargs)
-    results = fn(list(items), judge_cfg, **kwargs)
+    if protocol is None:
+        protocol = get_protocol(PAPER_PROTOCOL[name])
+    results = fn(list(items), judge_cfg, protocol, **kwargs)
     if len(results) != len(items):
         raise RuntimeError(f"reward {name!r} returned {len(results)} results for {len(items)} items")
     return results
@@ -102,4 +119,14 @@ def compute_rewards(name: str, items: list[RewardInput], judge_cfg: Any = None, 
 # Imported last: the modules register themselves and import the dataclasses above.
 from rsearch_verl.rewards import nl_dag, r1_searcher, r_search, research, search_r1  # noqa: E402, F401
 
-__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "compute_rewards", "register"]
+__all__ = [
+    "OBSERVATION",
+    "PAPER_PROTOCOL",
+    "POLICY",
+    "REWARDS",
+    "RewardFn",
+    "RewardInput",
+    "RewardResult",
+    "compute_rewards",
+    "register",
+]

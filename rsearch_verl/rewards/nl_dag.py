@@ -22,6 +22,7 @@ from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rewards.judge import JudgeClient
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rewards.r_search import check_judge_mode
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 _ORDER = ("think", "search", "result", "answer")
 _OPTION = re.compile(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])")
@@ -108,10 +109,11 @@ def _answer_scores(items, answers, judge: str, judge_cfg) -> list[tuple[float, f
     return out
 
 
-@register("r_search_dag")
+@register("r_search_dag", protocol="nl_dag")
 def r_search_dag(
     items: list[RewardInput],
-    judge_cfg: object = None,
+    judge_cfg: object,
+    protocol: SearchProtocol,
     *,
     judge: str = "llm",
     tools: dict[str, str] | None = None,
@@ -124,7 +126,7 @@ def r_search_dag(
     check_judge_mode(judge, judge_cfg, "r_search_dag")
     w_fmt, w_dag, w_ans = weights
     policies = [item.policy_text() for item in items]
-    answers = [extract_tag(p, "answer") for p in policies]
+    answers = [item.answer(protocol) for item in items]
     ans_scores = _answer_scores(items, answers, judge, judge_cfg)
     results = []
     for item, policy, answer, (ans, judge_error) in zip(items, policies, answers, ans_scores, strict=True):

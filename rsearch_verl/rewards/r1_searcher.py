@@ -19,8 +19,9 @@ from __future__ import annotations
 import re
 
 from rsearch_verl.rewards import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar, extract_tag, is_garbled, tag_balance
+from rsearch_verl.rewards.formats import check_block_grammar, is_garbled, tag_balance
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 QUERY = ("<|begin_of_query|>", "<|end_of_query|>")
 DOCS = ("<|begin_of_documents|>", "<|end_of_documents|>")
@@ -38,8 +39,8 @@ def _with_implicit_think(text: str) -> str:
     return text
 
 
-def format_check(item: RewardInput, max_answer_words: int = 20) -> tuple[bool, str]:
-    """(ok, reason) for the R1-Searcher format rules above."""
+def format_check(item: RewardInput, answer: str | None, max_answer_words: int = 20) -> tuple[bool, str]:
+    """(ok, reason) for the R1-Searcher format rules above; `answer`: the protocol's `extract_answer` of `item`."""
     policy = item.policy_text()
     if DOCS[0] in policy or DOCS[1] in policy:
         return False, "forged documents in policy text"
@@ -61,7 +62,6 @@ def format_check(item: RewardInput, max_answer_words: int = 20) -> tuple[bool, s
     ok, reason = check_block_grammar(outer, _OUTER_BLOCKS, {"think"}, follows, final={"answer"})
     if not ok:
         return False, reason
-    answer = extract_tag(policy, "answer") or ""
     if not answer or "<" in answer or len(answer.split()) > max_answer_words:
         return False, "answer is not one short answer"
     return True, ""
@@ -77,28 +77,33 @@ def _base_metrics(item: RewardInput, answer: str | None, fmt: bool) -> dict[str,
     }
 
 
-@register("r1_searcher_stage1")
+@register("r1_searcher_stage1", protocol="r1_searcher")
 def r1_searcher_stage1(
-    items: list[RewardInput], judge_cfg: object = None, *, max_answer_words: int = 20
+    items: list[RewardInput], judge_cfg: object, protocol: SearchProtocol, *, max_answer_words: int = 20
 ) -> list[RewardResult]:
     results = []
     for item in items:
-        fmt, _ = format_check(item, max_answer_words)
-        answer = extract_tag(item.policy_text(), "answer")
+        answer = item.answer(protocol)
+        fmt, _ = format_check(item, answer, max_answer_words)
         metrics = _base_metrics(item, answer, fmt)
         score = 0.5 * metrics["searched"] + 0.5 * float(fmt)
         results.append(RewardResult(score=score, metrics=metrics, answer=answer))
     return results
 
 
-@register("r1_searcher_stage2")
+@register("r1_searcher_stage2", protocol="r1_searcher")
 def r1_searcher_stage2(
-    items: list[RewardInput], judge_cfg: object = None, *, max_answer_words: int = 20, format_penalty: float = -2.0
+    items: list[RewardInput],
+    judge_cfg: object,
+    protocol: SearchProtocol,
+    *,
+    max_answer_words: int = 20,
+    format_penalty: float = -2.0,
 ) -> list[RewardResult]:
     results = []
     for item in items:
-        fmt, _ = format_check(item, max_answer_words)
-        answer = extract_tag(item.policy_text(), "answer")
+        answer = item.answer(protocol)
+        fmt, _ = format_check(item, answer, max_answer_words)
         metrics = _base_metrics(item, answer, fmt)
         score = metrics["f1"] + (0.0 if fmt else format_penalty)
         results.append(RewardResult(score=score, metrics=metrics, answer=answer))

@@ -22,6 +22,7 @@ from rsearch_verl.rewards import RewardInput, RewardResult, register
 from rsearch_verl.rewards.formats import extract_tag, tag_balance
 from rsearch_verl.rewards.judge import JudgeClient, require_judge_url
 from rsearch_verl.rewards.qa import exact_match, f1_score, normalize_answer
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 EVIDENCE_TEMPLATE = (
     "Answer the question based on the given passages. Only give me the answer and do not output any other words."
@@ -66,10 +67,11 @@ def _evidence_scores(items: list[RewardInput], evidences: list[str | None], judg
     return out
 
 
-@register("r_search_evidence")
+@register("r_search_evidence", protocol="r_search")
 def r_search_evidence(
     items: list[RewardInput],
-    judge_cfg: object = None,
+    judge_cfg: object,
+    protocol: SearchProtocol,
     *,
     judge: str = "llm",
     gamma_e: float = 0.2,
@@ -82,7 +84,7 @@ def r_search_evidence(
     ev_scores = _evidence_scores(items, evidences, judge, judge_cfg)
     results = []
     for item, policy, fake, (r_e, judge_error) in zip(items, policies, forged, ev_scores, strict=True):
-        answer = extract_tag(policy, "answer")
+        answer = item.answer(protocol)
         searched = item.n_searches() >= 1
         i_a = tag_balance(policy, "answer") == (1, 1) and answer is not None
         i_e = (

@@ -3,9 +3,9 @@
     compute_rewards("research_f1", items)      # r = F1 if F1 > 0; 0.1 if F1 == 0 and format ok; else 0
 
 The answer is the last `\\boxed{…}` inside the last `<answer>` block of the policy text, as Eq. 2 defines it
-("the final answer in \\boxed{}" of the answer) and as the protocol's `extract_answer` reads it: a box outside the
-answer block (a truncated "<think> maybe \\boxed{Paris}? let me search") is no answer. The paper's format
-check "mainly checks the correctness of tags and existence of \\boxed{} in the answer"; ours: every
+("the final answer in \\boxed{}" of the answer), read by the protocol's `extract_answer` (the ReSearch protocol's
+rule): a box outside the answer block (a truncated "<think> maybe \\boxed{Paris}? let me search") is no answer.
+The paper's format check "mainly checks the correctness of tags and existence of \\boxed{} in the answer"; ours: every
 <think>/<search>/<answer> tag in the policy text is balanced and not nested, exactly one <answer> block which
 holds a `\\boxed{}` and ends the response, and no <result> tag written by the policy (a forged retrieval).
 """
@@ -13,8 +13,9 @@ holds a `\\boxed{}` and ends the response, and no <result> tag written by the po
 from __future__ import annotations
 
 from rsearch_verl.rewards import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar, count_boxed, extract_boxed, extract_tag, tag_balance
+from rsearch_verl.rewards.formats import check_block_grammar, count_boxed, extract_tag, tag_balance
 from rsearch_verl.rewards.qa import exact_match, f1_score
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 _BLOCKS = {"think": ("<think>", "</think>"), "search": ("<search>", "</search>"), "answer": ("<answer>", "</answer>")}
 _ANY = {"think", "search", "answer"}
@@ -33,19 +34,12 @@ def format_ok(policy: str) -> bool:
     return count_boxed(extract_tag(policy, "answer")) >= 1
 
 
-def research_answer(policy: str) -> str | None:
-    """The `\\boxed{}` content of the last `<answer>` block of the policy text; None without one (the one rule the
-    reward and the ReSearch protocol share)."""
-    block = extract_tag(policy, "answer")
-    return extract_boxed(block) if block is not None else None
-
-
-@register("research_f1")
-def research_f1(items: list[RewardInput], judge_cfg: object = None) -> list[RewardResult]:
+@register("research_f1", protocol="research")
+def research_f1(items: list[RewardInput], judge_cfg: object, protocol: SearchProtocol) -> list[RewardResult]:
     results = []
     for item in items:
         policy = item.policy_text()
-        answer = research_answer(policy)
+        answer = item.answer(protocol)
         f1 = f1_score(answer, item.golds)
         fmt = format_ok(policy)
         score = f1 if f1 > 0 else (0.1 if fmt else 0.0)

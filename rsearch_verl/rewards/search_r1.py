@@ -1,4 +1,5 @@
-"""Search-R1 reward (the Search-R1 paper): exact match of the last `<answer>` in the policy text.
+"""Search-R1 reward (the Search-R1 paper): exact match of the answer (the protocol's `extract_answer`: the last
+`<answer>` in the policy text for Search-R1; the tool-call recipe's protocol also skips `<think>` blocks).
 
     compute_rewards("search_r1_em", items)                       # the paper: score = EM ∈ {0, 1}
     compute_rewards("search_r1_em", items, format_shaped=True)   # the released code's v0.3 format-shaped variant
@@ -17,8 +18,9 @@ from __future__ import annotations
 import re
 
 from rsearch_verl.rewards import OBSERVATION, RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar, extract_tag
+from rsearch_verl.rewards.formats import check_block_grammar
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 _BLOCKS = {
     "think": ("<think>", "</think>"),
@@ -55,10 +57,11 @@ def _shaped(em: float, answer: str | None, item: RewardInput, structure: float, 
     return (final if answer is not None else 0.0), valid
 
 
-@register("search_r1_em")
+@register("search_r1_em", protocol="search_r1")
 def search_r1_em(
     items: list[RewardInput],
-    judge_cfg: object = None,
+    judge_cfg: object,
+    protocol: SearchProtocol,
     *,
     format_shaped: bool = False,
     structure_format_score: float = 0.2,
@@ -67,7 +70,7 @@ def search_r1_em(
 ) -> list[RewardResult]:
     results = []
     for item in items:
-        answer = extract_tag(item.policy_text(), "answer")
+        answer = item.answer(protocol)
         em = exact_match(answer, item.golds)
         metrics = {"em": em, "f1": f1_score(answer, item.golds), "has_answer": float(answer is not None)}
         score = em

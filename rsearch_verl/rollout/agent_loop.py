@@ -15,8 +15,10 @@ sampled text with mask 1.
 index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever` (see
 `process_search_client`) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py: searches
 pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch (`search/*`
-in `meta_info["metrics"]`, next to `rollout/*` and `timing/*`). A trajectory with a search that failed for an outage
-reason (timeout, connection, 5xx) is marked `search_failed` (the trainer drops it from the update).
+in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
+statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`).
+A trajectory with a search that failed for an outage reason (timeout, connection, 5xx) is marked `search_failed`
+(the trainer drops it from the update).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from rsearch_verl.search.client import SearchClient, SearchError
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MARKER = "...[truncated]"
-FINISH_REASONS = ("answer", "eos", "max_turns", "length", "stop")
 
 
 @dataclass
@@ -57,7 +58,7 @@ class Trajectory:
     n_search_errors: int = 0  # searches that failed for good (after retries); each became an error observation
     n_search_outages: int = 0  # of those, failures of the backend (timeout, connection, 5xx): not the policy's doing
     n_turns: int = 0
-    finish_reason: str = "max_turns"
+    finish_reason: str = "max_turns"  # one of rsearch_verl.batch.FINISH_REASONS
     turn_timing: list[dict[str, float]] = field(default_factory=list)  # per turn {"gen_s", "search_s"}
 
     @property
@@ -261,21 +262,10 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
     }
 
 
-def rollout_metrics(
-    trajs: list[Trajectory], search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None
-) -> dict[str, float]:
-    searches = np.array([t.n_searches for t in trajs], dtype=float)
-    out = {
-        "rollout/searches_mean": float(searches.mean()),
-        "rollout/searches_max": float(searches.max()),
-        "rollout/turns_mean": float(np.mean([t.n_turns for t in trajs])),
-        "rollout/response_len_mean": float(np.mean([len(t.response_ids) for t in trajs])),
-        "rollout/policy_tokens_mean": float(np.mean([sum(t.response_mask) for t in trajs])),
-        "timing/rollout_s": wall_s,
-        "timing/search_s": counted.seconds,
-    }
-    for reason in FINISH_REASONS:
-        out[f"rollout/finish_{reason}"] = float(np.mean([t.finish_reason == reason for t in trajs]))
+def search_metrics(search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None):
+    """What only the rollout measures: its wall time, time in search, the search client's and breaker's windows.
+    (Per-trajectory statistics, `rollout/*`, come from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`.)"""
+    out = {"timing/rollout_s": wall_s, "timing/search_s": counted.seconds}
     if hasattr(search, "metrics"):
         out.update(search.metrics(reset=True))  # one window per batch (per training step)
     if breaker is not None:
@@ -325,7 +315,7 @@ async def generate_batch_async(
     finally:
         if own_client:
             await search.aclose()
-    metrics = rollout_metrics(trajs, search, counted, time.perf_counter() - start, breaker)
+    metrics = search_metrics(search, counted, time.perf_counter() - start, breaker)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     tensors = _pad_tensors([list(p) for p in nt["prompt_ids"]], trajs, pad_id, pad_prompt_to, pad_response_to)
     non_tensors = {key: nt[key] for key in nt}

@@ -14,9 +14,11 @@ from verl import DataProto
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
 from rsearch_verl.algos.off_policy import importance_weights
+from rsearch_verl.batch import FINISH_REASONS
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
+from rsearch_verl.rollout.protocols import get_protocol
 
 
 def reward_inputs(batch: DataProto) -> list[RewardInput]:
@@ -37,8 +39,11 @@ def reward_inputs(batch: DataProto) -> list[RewardInput]:
 
 
 def reward_phase(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, dict[str, float]]:
-    """Score every trajectory with the recipe's reward; put the score on its last policy token."""
-    results = compute_rewards(cfg.reward.name, reward_inputs(batch), judge_cfg=cfg.reward.judge, **cfg.reward.kwargs)
+    """Score every trajectory with the recipe's reward; put the score on its last policy token. The reward reads
+    answers with the recipe's protocol (`rollout.protocol`), the one the rollout used."""
+    protocol = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    items, judge = reward_inputs(batch), cfg.reward.judge
+    results = compute_rewards(cfg.reward.name, items, judge_cfg=judge, protocol=protocol, **cfg.reward.kwargs)
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     batch.batch["token_level_scores"] = scores_to_token_rewards(scores, batch.batch["response_mask"])
     batch.non_tensor_batch["reward"] = np.array([r.score for r in results], dtype=object)
@@ -99,15 +104,22 @@ def current_kl_coef(cfg: RSearchConfig, step: int) -> float:
 
 
 def rollout_metrics(batch: DataProto) -> dict[str, float]:
+    """The per-trajectory statistics of a rollout (`rollout/*`), computed once, here, on the whole batch the step
+    trains on (the rollout workers report only timing and search counters: agent_loop.search_metrics)."""
     nt, mask = batch.non_tensor_batch, batch.batch["response_mask"]
     resp_len = batch.batch["responses"].shape[1]
     lengths = batch.batch["attention_mask"][:, -resp_len:].sum(-1).float()
-    return {
-        "rollout/searches_mean": float(np.mean(nt["n_searches"].astype(float))),
+    searches = nt["n_searches"].astype(float)
+    out = {
+        "rollout/searches_mean": float(np.mean(searches)),
+        "rollout/searches_max": float(np.max(searches)),
         "rollout/turns_mean": float(np.mean(nt["n_turns"].astype(float))),
         "rollout/response_len_mean": float(lengths.mean()),
         "rollout/policy_tokens_mean": float(mask.sum(-1).float().mean()),
     }
+    for reason in FINISH_REASONS:
+        out[f"rollout/finish_{reason}"] = float(np.mean([r == reason for r in nt["finish_reason"]]))
+    return out
 
 
 def validation_metrics(batch: DataProto) -> dict[str, float]:

@@ -33,6 +33,7 @@ from rsearch_verl.rollout.agent_loop import TRUNCATION_MARKER, generate_batch, r
 from rsearch_verl.rollout.engines import SamplingParams
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search.client import SearchClient
+from rsearch_verl.trainer.phases import rollout_metrics
 
 
 def _serve(app: FastAPI) -> tuple[uvicorn.Server, str]:
@@ -217,7 +218,9 @@ def test_generate_batch_keys_shapes_and_reproducibility(tok, free_engine, server
     eos = tok.eos_token
     assert all(eos not in text for text in out.non_tensor_batch["response_text"])
     metrics = out.meta_info["metrics"]
-    assert metrics["rollout/searches_mean"] == 0 and "search/latency_p50" in metrics and "timing/search_s" in metrics
+    assert "search/latency_p50" in metrics and "timing/search_s" in metrics
+    assert not any(k.startswith("rollout/") for k in metrics)  # per-trajectory statistics: the driver's, once
+    assert rollout_metrics(out)["rollout/searches_mean"] == 0
 
 
 def test_generate_batch_masks_from_scripted_searches(tok, engine, servers):
@@ -231,8 +234,10 @@ def test_generate_batch_masks_from_scripted_searches(tok, engine, servers):
         obs_text = "".join(text for role, text in nt["segments"][i] if role == "observation")
         assert tok.decode(obs_ids) == obs_text
         assert "".join(text for _, text in nt["segments"][i]) == nt["response_text"][i]
-    metrics = out.meta_info["metrics"]
-    assert metrics["rollout/searches_mean"] == 1.5 and metrics["search/queries"] == 3
+    assert out.meta_info["metrics"]["search/queries"] == 3
+    stats = rollout_metrics(out)
+    assert (stats["rollout/searches_mean"], stats["rollout/searches_max"]) == (1.5, 2.0)
+    assert stats["rollout/finish_answer"] == 1.0 and stats["rollout/finish_eos"] == 0.0
     # the process-wide client's window was reset: a second batch reports only its own searches
     again = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=0"]), cfg)
     assert again.meta_info["metrics"]["search/queries"] == 1

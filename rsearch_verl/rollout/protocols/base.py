@@ -12,7 +12,13 @@ The agent loop uses it like this:
     action = proto.parse_turn(turn_text)                              # search / answer / none
     if action.kind == "search":
         obs_text = await proto.observe(action, search)                # inserted with response_mask 0
-    answer = proto.extract_answer(full_response_text)                 # used by rewards and evaluation
+    answer = proto.extract_answer(segments)   # THE answer extractor: rewards, evaluation, the viewer
+                                              # (parse_turn applies the same rule, `answer_in`, to one turn)
+
+`segments` is the trajectory's `[(role, text)]` record (rsearch_verl/rollout/segments.py): the answer is read from
+policy text only, i.e. the policy segments; a block the policy forged itself (an `<information>` it typed) is policy
+text, an answer inside an observation the environment inserted never is. A plain string is a response without a
+recorded mask, split at the protocol's observation tags by `segments_from_text` (see there for what that loses).
 
 Tool-call protocols also declare `tools` (JSON schemas handed to the chat template's `tools` argument) and may
 depend on the model's chat template for their observation text: the agent loop calls
@@ -22,9 +28,11 @@ depend on the model's chat template for their observation text: the agent loop c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from rsearch_verl.rollout.segments import Segment, policy_text, segments_from_text
 
 
 @dataclass
@@ -87,6 +95,19 @@ class SearchProtocol(ABC):
         leading/trailing newlines the paper uses). Search failures become an explicit error observation inside the
         observation tags ("search failed: timeout"); an "invalid" action gets a short corrective observation."""
 
+    def segments_of(self, response: str | Sequence[Segment]) -> list[Segment]:
+        """`response` as segments: recorded segments as they are; a string (no mask recorded) split at this
+        protocol's observation tags."""
+        if isinstance(response, str):
+            return segments_from_text(response, self.observation_open, self.observation_close)
+        return list(response)
+
+    def extract_answer(self, response: str | Sequence[Segment]) -> str | None:
+        """The final answer of a whole response (segments, or a string without mask), or None: `answer_in` applied
+        to its policy text. The one answer extractor of the code base (rewards, evaluation and the viewer call it)."""
+        return self.answer_in(policy_text(self.segments_of(response)))
+
     @abstractmethod
-    def extract_answer(self, response_text: str) -> str | None:
-        """The final answer in a whole response (policy text only; never the prompt), or None."""
+    def answer_in(self, policy: str) -> str | None:
+        """This protocol's answer rule applied to policy text (what the policy sampled; never the prompt, never an
+        observation), or None when it holds no answer. Callers with a response use `extract_answer`."""

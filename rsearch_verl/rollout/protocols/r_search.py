@@ -11,9 +11,12 @@ Passages are written as in the paper's case study: `(Title: "t") text`, one per 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.rollout.segments import Segment, policy_text
 
 R_SEARCH_SYSTEM_PROMPT = (
     "You are a helpful assistant that can solve the given question step by step. For each step, start by "
@@ -47,6 +50,6 @@ class RSearchProtocol(TagSearchProtocol):
     def format_docs(self, docs: list[Doc]) -> str:
         return " " + "\n".join(f'(Title: "{d.title}") {" ".join(d.text.split())}' for d in docs) + " "
 
-    def extract_evidence(self, response_text: str) -> str | None:
-        """The policy's last `<original_evidence>` block (outside observations), or None."""
-        return extract_tag(self.policy_text(response_text), EVIDENCE_TAG)
+    def extract_evidence(self, response: str | Sequence[Segment]) -> str | None:
+        """The policy's last `<original_evidence>` block (in policy text, as `extract_answer` reads it), or None."""
+        return extract_tag(policy_text(self.segments_of(response)), EVIDENCE_TAG)

@@ -4,14 +4,14 @@ final answer `<answer> The final answer is \\boxed{…} </answer>`.
     proto = ReSearchProtocol()
     proto.build_prompt(q)              # the paper's base-model template, ending in "Assistant:"
     proto.build_prompt(q, "instruct")  # [{"role": "system", <the paper's system prompt>}, {"role": "user", q}]
-    proto.extract_answer(text)         # the \\boxed{} content of the last <answer> block
+    proto.extract_answer(segments)     # the \\boxed{} content of the last <answer> block of the policy text
 
 Results are written as in the paper's case study: one `"Title", text` line per passage.
 """
 
 from __future__ import annotations
 
-from rsearch_verl.rewards.research import research_answer
+from rsearch_verl.rewards.formats import extract_boxed, extract_tag
 from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
 
@@ -59,6 +59,8 @@ class ReSearchProtocol(TagSearchProtocol):
         lines = [f'"{d.title}", {" ".join(d.text.split())}' for d in docs]
         return "\n" + "\n".join(lines) + "\n"
 
-    def extract_answer(self, response_text: str) -> str | None:
-        """`\\boxed{}` content of the last `<answer>` block; None without a box (the paper scores only boxed)."""
-        return research_answer(self.policy_text(response_text))
+    def answer_in(self, policy: str) -> str | None:
+        """`\\boxed{}` content of the last `<answer>` block; None without a box (the paper scores only boxed): a box
+        outside the answer block (a truncated "<think> maybe \\boxed{Paris}? let me search") is no answer."""
+        block = extract_tag(policy, self.answer_tag)
+        return extract_boxed(block) if block is not None else None

@@ -13,19 +13,11 @@ R-Search subclass it and change only tags, templates and the document format).
 
 from __future__ import annotations
 
-import re
-
 from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Action, Doc, SearchFn, SearchProtocol
 from rsearch_verl.search.client import SearchError
 
 MAX_QUERY_CHARS = 512  # a runaway "query" is cut, not sent whole to the retriever
-
-
-def strip_blocks(text: str, open_tag: str, close_tag: str) -> str:
-    """`text` without any `open_tag…close_tag` block (retrieved text must never count as the policy's answer)."""
-    pattern = re.escape(open_tag) + r".*?" + re.escape(close_tag)
-    return re.sub(pattern, " ", text, flags=re.DOTALL)
 
 
 class TagSearchProtocol(SearchProtocol):
@@ -50,7 +42,7 @@ class TagSearchProtocol(SearchProtocol):
         if text.endswith(self.query_close):
             return self._parse_query(text[: -len(self.query_close)])
         if f"</{self.answer_tag}>" in text and f"<{self.answer_tag}>" in text:
-            return Action(kind="answer", answer=self.extract_answer(text))
+            return Action(kind="answer", answer=self.answer_in(text))  # a turn is all policy text
         return Action(kind="none")
 
     def _parse_query(self, body: str) -> Action:
@@ -95,12 +87,9 @@ class TagSearchProtocol(SearchProtocol):
         return self.wrap(self.format_docs(docs) if docs else self.empty_results)
 
     # ---- answers ----------------------------------------------------------------------------------------------
-    def policy_text(self, response_text: str) -> str:
-        """The response without observation blocks (an answer tag inside a retrieved passage is not an answer)."""
-        return strip_blocks(response_text, self.observation_open, self.observation_close)
-
-    def extract_answer(self, response_text: str) -> str | None:
-        return extract_tag(self.policy_text(response_text), self.answer_tag)
+    def answer_in(self, policy: str) -> str | None:
+        """The content of the last complete `<answer>` block of the policy text."""
+        return extract_tag(policy, self.answer_tag)
 
 
 SEARCH_R1_TEMPLATE = (

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Action
-from rsearch_verl.rollout.protocols.search_r1 import MAX_QUERY_CHARS, TagSearchProtocol, strip_blocks
+from rsearch_verl.rollout.protocols.search_r1 import MAX_QUERY_CHARS, TagSearchProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,16 @@ def declare_tools(messages: list[dict[str, str]], tools: list[dict[str, Any]]) -
     return out
 
 
+_THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), flags=re.DOTALL)
+
+
 def reasoning_removed(text: str) -> str:
     """`text` without its reasoning: complete <think> blocks cut, and everything up to a leading `</think>` that
     closes a block the generation prompt opened (Qwen3 thinking templates end the prompt with `<think>`)."""
     close = text.find(THINK_CLOSE)
     if close >= 0 and not 0 <= text.find(THINK_OPEN) < close:
         text = text[close + len(THINK_CLOSE) :]
-    return strip_blocks(text, THINK_OPEN, THINK_CLOSE)
+    return _THINK_BLOCK.sub(" ", text)
 
 
 def chat_tool_frame(tokenizer, tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> tuple[str, str] | None:
@@ -163,7 +167,7 @@ class ToolCallProtocol(TagSearchProtocol):
         text = reasoning_removed(turn_text).rstrip()
         if text.endswith(CALL_CLOSE):
             return self._parse_call(text[: -len(CALL_CLOSE)])
-        answer = extract_tag(text, self.answer_tag)
+        answer = self.answer_in(text)
         return Action(kind="answer", answer=answer) if answer is not None else Action(kind="none")
 
     def _parse_call(self, body: str) -> Action:
@@ -214,5 +218,6 @@ class ToolCallProtocol(TagSearchProtocol):
         )
 
     # ---- answers ----------------------------------------------------------------------------------------------
-    def extract_answer(self, response_text: str) -> str | None:
-        return extract_tag(reasoning_removed(self.policy_text(response_text)), self.answer_tag)
+    def answer_in(self, policy: str) -> str | None:
+        """The last complete `<answer>` block outside the reasoning (`reasoning_removed`)."""
+        return extract_tag(reasoning_removed(policy), self.answer_tag)
