@@ -16,67 +16,10 @@ without segments (e.g. a plain generation) is treated as all policy text.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-POLICY, OBSERVATION = "policy", "observation"
-
-
-@dataclass
-class RewardInput:
-    response: str
-    segments: list[tuple[str, str]]  # (role "policy" | "observation", text), in order; joined == response
-    ground_truth: list[str]
-    question: str = ""
-    data_source: str = ""
-    extra: dict = field(default_factory=dict)  # extra["n_searches"]: searches the environment executed
-
-    def policy_text(self) -> str:
-        """Everything the policy sampled, observations removed (joined without separators)."""
-        if not self.segments:
-            return self.response
-        for role, _ in self.segments:
-            if role not in (POLICY, OBSERVATION):
-                raise ValueError(f"segment role must be {POLICY!r} or {OBSERVATION!r}, got {role!r}")
-        return "".join(text for role, text in self.segments if role == POLICY)
-
-    def full_text(self) -> str:
-        """Policy and observation text in order (the whole response)."""
-        return "".join(text for _, text in self.segments) if self.segments else self.response
-
-    def n_searches(self) -> int:
-        """Searches the environment ran (extra["n_searches"]); counted from observation segments if absent."""
-        if "n_searches" in self.extra and self.extra["n_searches"] is not None:
-            return int(self.extra["n_searches"])
-        return sum(1 for role, _ in self.segments if role == OBSERVATION)
-
-    @property
-    def golds(self) -> list[str]:
-        gt = self.ground_truth
-        return [gt] if isinstance(gt, str) else [str(g) for g in gt]
-
-
-@dataclass
-class RewardResult:
-    score: float
-    metrics: dict[str, float]
-    answer: str | None
-
-
-# (items, judge_cfg, **kwargs) -> one result per item, in order
-RewardFn = Callable[..., list[RewardResult]]
-REWARDS: dict[str, RewardFn] = {}
-
-
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
-    def deco(fn: RewardFn) -> RewardFn:
-        if name in REWARDS:
-            raise ValueError(f"reward {name!r} registered twice")
-        REWARDS[name] = fn
-        return fn
-
-    return deco
+from rsearch_verl.rewards import nl_dag, r1_searcher, r_search, research, search_r1  # noqa: F401 - they register
+from rsearch_verl.rewards.base import OBSERVATION, POLICY, REWARDS, RewardFn, RewardInput, RewardResult, register
 
 
 def _check_kwargs(name: str, fn: RewardFn, kwargs: dict[str, Any]) -> None:
@@ -99,7 +42,4 @@ def compute_rewards(name: str, items: list[RewardInput], judge_cfg: Any = None, 
     return results
 
 
-# Imported last: the modules register themselves and import the dataclasses above.
-from rsearch_verl.rewards import nl_dag, r1_searcher, r_search, research, search_r1  # noqa: E402, F401
-
-__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "compute_rewards", "register"]
+__all__ = ["OBSERVATION", "POLICY", "REWARDS", "RewardFn", "RewardInput", "RewardResult", "compute_rewards", "register"]
