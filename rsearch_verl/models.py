@@ -13,6 +13,7 @@ tokenizer conversion gets SmolLM2's EOS wrong: `<|im_start|>` instead of `<|im_e
 
 Usage:
     tok = load_tokenizer(cfg.model)
+    tok = policy_tokenizer(cfg)          # + the recipe's protocol's special tokens (what training uses)
     model = load_model(cfg.model, tok)   # torch.nn.Module (transformers CausalLM), float32 on CPU
 """
 
@@ -190,6 +191,15 @@ def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
     if new:
         tok.add_special_tokens({"additional_special_tokens": new})
     return tok
+
+
+def policy_tokenizer(cfg):
+    """The policy's tokenizer (`cfg.model`) with the recipe's protocol's special tokens: what the driver, every
+    worker, SFT and eval load (`cfg`: an RSearchConfig)."""
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    return load_tokenizer(cfg.model, extra_special=proto.special_tokens)
 
 
 def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -26,20 +26,9 @@ import tempfile
 
 import torch
 
-from rsearch_verl.config import RSearchConfig, load_config
+from rsearch_verl.config import RSearchConfig, SFTConfig, load_config, validate_sft
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class SFTOptions:
-    epochs: int = 2
-    lr: float = 3e-4  # peak; linear warmup over `warmup_steps`, then `schedule`
-    batch_size: int = 8
-    max_length: int = 640  # a 2-hop Search-R1 toy demonstration (top-1 passages) is ~250-300 tokens
-    seed: int = 0
-    warmup_steps: int = 20
-    schedule: str = "linear"  # linear: decay to 10 % at the last epoch; constant: for training that stops on a probe
 
 
 def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[float]]:
@@ -85,7 +74,7 @@ def length_batches(examples: list, batch_size: int) -> list[list]:
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
-def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions, until=None) -> list[float]:
+def train_sft(model, tokenizer, demos: list[dict], opts: SFTConfig, until=None) -> list[float]:
     """Train `model` in place on `demos`; returns the mean loss of each epoch. `until(epoch, loss) -> bool`, called
     after each epoch with the model in eval mode, stops the training early when it returns True."""
     examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
@@ -96,8 +85,7 @@ def train_sft(model, tokenizer, demos: list[dict], opts: SFTOptions, until=None)
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
     total = max(1, opts.epochs * len(batches))
     warmup = max(1, opts.warmup_steps)
-    if opts.schedule not in ("linear", "constant"):
-        raise ValueError(f"SFTOptions.schedule: {opts.schedule!r} is not one of ['linear', 'constant']")
+    validate_sft(opts, "sft")
     decay = (lambda s: max(0.1, 1 - s / total)) if opts.schedule == "linear" else (lambda s: 1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * decay(s))
     rng = random.Random(opts.seed)
@@ -143,11 +131,9 @@ def save_hf(model, tokenizer, out_dir: str, extra_files: dict[str, str] | None =
 def load_policy(cfg: RSearchConfig, seed: int | None = None):
     """The policy to fine-tune (model.path, ignoring model.sft_checkpoint) and its tokenizer with the protocol's
     special tokens; a tiny policy is initialised from `seed` (default: cfg.seed)."""
-    from rsearch_verl.models import load_model, load_tokenizer
-    from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.models import load_model, policy_tokenizer
 
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-    tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+    tokenizer = policy_tokenizer(cfg)
     model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)
     return load_model(model_cfg, tokenizer, seed=cfg.seed if seed is None else seed), tokenizer
 
@@ -156,11 +142,11 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m rsearch_verl.sft", description=__doc__.split("\n\n")[0])
     parser.add_argument("--demos", required=True, help="JSONL demonstrations ({prompt, segments})")
     parser.add_argument("--out", required=True)
-    for field in dataclasses.fields(SFTOptions):
+    for field in dataclasses.fields(SFTConfig):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides)
-    opts = SFTOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SFTOptions)})
+    opts = SFTConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SFTConfig)})
     with open(args.demos) as f:
         demos = [json.loads(line) for line in f if line.strip()]
     model, tokenizer = load_policy(cfg)
@@ -169,5 +155,7 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rsearch_verl.log_setup import setup_logging
+
+    setup_logging()
     main()

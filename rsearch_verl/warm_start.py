@@ -6,7 +6,7 @@ practice sub-worlds (rsearch_verl/data/toy_demos.py: no fact to memorise) and le
 so that the greedy warm start answers from "memory" and RL has something to learn. See docs/toy_world_learning.md
 for why it is built this way and what was measured.
 
-Phases (`WarmStartOptions`):
+Phases (the `warm_start` config group, rsearch_verl/config.py `WarmStartConfig`; e.g. warm_start.copy_epochs=30):
   1. copy: demonstrations that mostly search, until a probe shows the skill -- sampled at temperature 1 on questions
      of a practice world none of the demonstrations came from, the trajectories that search answer correctly at
      least `until_em` of the time. Copying the answer appears suddenly and after a number of epochs that depends on
@@ -33,32 +33,16 @@ import random
 
 import numpy as np
 
-from rsearch_verl.config import RSearchConfig
-from rsearch_verl.sft import SFTOptions, load_policy, save_hf, train_sft
+from rsearch_verl.config import RSearchConfig, WarmStartConfig
+from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
+from rsearch_verl.data.toy_world import build_toy_world
+from rsearch_verl.sft import load_policy, save_hf, train_sft
 
 logger = logging.getLogger(__name__)
 
 PROBE_SEED = 7_919  # the practice world the probes ask about: no demonstration comes from it
 REPORT_FILE = "warm_start.json"
-
-
-@dataclasses.dataclass
-class WarmStartOptions:
-    sft: SFTOptions = dataclasses.field(default_factory=SFTOptions)  # batch size, max length, warm-up steps
-    n_demos: int = 2048  # toy world demonstrations per epoch (practice facts: nothing to memorise)
-    # phase 1, copy: demonstrations that mostly search, until the probe shows the skill
-    copy_p_no_search: float = 0.15
-    copy_lr: float = 3e-3  # constant after the warm-up: the phase ends on the probe, it has no length to decay over
-    copy_epochs: int = 24  # at most (the skill appeared after 5 to 9 epochs in the runs measured)
-    until_em: float = 0.7  # EM of the probe's searching trajectories at temperature 1 ...
-    min_searched: int = 8  # ... over at least this many of them
-    # phase 2, mix: the share that answers from "memory" (> 0.5: the greedy warm start does not search, and RL has
-    # to discover that searching pays); a fresh AdamW at a lower lr
-    p_no_search: float = 0.6
-    mix_epochs: int = 2
-    mix_lr: float = 3e-4
-    mix_keeps_em: float = 0.2  # a guard: the mix costs some of the copying (measured 0.89 -> 0.41), RL restores it
-    probe_questions: int = 64  # half of them 2-hop
 
 
 @dataclasses.dataclass
@@ -80,9 +64,6 @@ class SkillProbe:
     on questions of a held-out practice world, searching that world's passages by their keys."""
 
     def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, engine=None):
-        from rsearch_verl.data.dataset import PromptDataset
-        from rsearch_verl.data.toy_demos import practice_search, practice_sides
-        from rsearch_verl.data.toy_world import build_toy_world
         from rsearch_verl.rollout.engines.hf import HFEngine
         from rsearch_verl.rollout.protocols import get_protocol
 
@@ -138,14 +119,11 @@ class WarmStartError(RuntimeError):
 
 def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float, seed: int) -> list[dict]:
     """`n` toy world demonstrations in the recipe's protocol, observations formatted as the rollouts' (top-k)."""
-    from rsearch_verl.data.toy_demos import demonstrations
-    from rsearch_verl.data.toy_world import build_toy_world
-
     world = build_toy_world(cfg.data.toy_world)
     return demonstrations(world, cfg.rollout.protocol, n, seed=seed, p_no_search=p_no_search, topk=cfg.retriever.topk)
 
 
-def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartOptions, seed: int) -> dict:
+def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartConfig, seed: int) -> dict:
     """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs)."""
     report: dict = {"seed": seed, "loss": [], "probes": []}
     probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions)
@@ -185,16 +163,16 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartOptions, seed
     return report
 
 
-def warm_start(cfg: RSearchConfig, opts: WarmStartOptions | None = None) -> str:
+def warm_start(cfg: RSearchConfig) -> str:
     """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
 
     The cache key is everything that shapes it -- the model and tokenizer, the protocol, the world, the retriever's
-    top-k, the options and model.warm_start_seed -- and not the RL seed, so RL seeds share one warm start."""
-    opts = opts or WarmStartOptions()
+    top-k, the options (the `warm_start` group) and model.warm_start_seed -- and not the RL seed, so RL seeds share
+    one warm start."""
+    opts = cfg.warm_start
     seed = cfg.model.warm_start_seed
-    model_key = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("actor_lr", "critic_lr")}
-    key = [model_key, cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world), cfg.retriever.topk]
-    key.append(dataclasses.asdict(opts))
+    key = [dataclasses.asdict(cfg.model), cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world)]
+    key += [cfg.retriever.topk, dataclasses.asdict(opts)]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", digest)
     if os.path.isfile(os.path.join(out, "config.json")):
@@ -221,18 +199,21 @@ def main(argv: list[str] | None = None) -> str:
     import shutil
 
     from rsearch_verl.config import load_config
-    from rsearch_verl.trainer.session import toy_world_data
+    from rsearch_verl.data.run_data import toy_world_data
+    from rsearch_verl.run_context import RunContext
 
     parser = argparse.ArgumentParser(prog="python -m rsearch_verl.warm_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to copy the warm start (an HF model directory)")
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides)
-    if cfg.model.path == "tiny" and cfg.model.tokenizer_path is None:
-        cfg.model.tokenizer_path = toy_world_data(cfg).tokenizer_path
+    if cfg.model.path == "tiny":  # the toy world's own tokenizer, as in training (unless the recipe names one)
+        cfg = RunContext(tokenizer_path=toy_world_data(cfg).tokenizer_path).apply(cfg)
     shutil.copytree(warm_start(cfg), args.out, dirs_exist_ok=True)
     return args.out
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rsearch_verl.log_setup import setup_logging
+
+    setup_logging()
     main()

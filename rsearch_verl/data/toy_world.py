@@ -22,10 +22,11 @@ written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"i
 
 Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
-    tok_dir = toy_tokenizer(world, ["search_r1"])      # small BPE tokenizer dir for the tiny Qwen2 policy
+    tok_dir = toy_tokenizer(world, ["search_r1"])      # rsearch_verl/data/toy_tokenizer.py: for the tiny policy
     demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/data/toy_demos.py: SFT demos
 CLI (build or find the cached world, print its paths and a few questions):
-    python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--tokenizer search_r1]
+    python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR]
+    python -m rsearch_verl.data.toy_tokenizer --protocols search_r1   # its tokenizer (data/toy_tokenizer.py)
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ logger = logging.getLogger(__name__)
 GENERATOR_VERSION = 3
 VAL_ENTITY_SHARE = 0.3  # of the entities; ~4 questions per person, so 30 % of 320 covers n_val=64 (half 2-hop)
 TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
-TOKENIZER_VOCAB = 3072
 
 _ONSETS = ["b", "d", "g", "k", "l", "m", "n", "r", "s", "t", "v", "z", "th", "dr", "kr", "vr", "zh", "qu", "sk", "x"]
 _NUCLEI = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "y"]
@@ -341,14 +341,14 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
         manifest.update({"n_passages": len(corpus), "n_train": len(train), "n_val": len(val)})
         with open(os.path.join(tmp, "world.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        _publish(tmp, root)
+        publish_dir(tmp, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("toy world: built %s (%d passages, %d train, %d val)", root, len(corpus), len(train), len(val))
     return _load(root, cfg)
 
 
-def _publish(tmp: str, root: str, marker: str = "world.json") -> None:
+def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
     """Atomic rename into place; `marker` is the file whose presence means complete. A concurrent builder that
     won the race leaves an identical directory there, which is kept."""
     if os.path.exists(root) and not os.path.exists(os.path.join(root, marker)):
@@ -358,66 +358,6 @@ def _publish(tmp: str, root: str, marker: str = "world.json") -> None:
     except OSError:
         if not os.path.exists(os.path.join(root, marker)):
             raise
-
-
-# ----------------------------------------------------------------------------------------------- tokenizer
-
-
-def _passage_format(proto) -> str:
-    """How `proto` writes one retrieved passage ("" for protocols without a passage list)."""
-    from rsearch_verl.rollout.protocols.base import Doc
-
-    fmt = getattr(proto, "format_docs", None)
-    return fmt([Doc("d", '"T"\nbody')]) if fmt else ""
-
-
-def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZER_VOCAB) -> str:
-    """A small byte-level BPE tokenizer for the tiny policy, trained on the corpus, the questions and each
-    protocol's prompt / tag / observation text, with the protocols' special tokens; cached; returns its dir.
-
-    Every word of every name is one token, with and without a leading space (the word pools are small and shared
-    by both sides, see `name_pools`): copying a held-out name is copying tokens seen in training. Checked here.
-    """
-    from rsearch_verl.data.toy_demos import demonstrations
-    from rsearch_verl.models import train_bpe_tokenizer
-    from rsearch_verl.rollout.protocols import get_protocol
-
-    names = sorted(set(protocols))
-    # the protocols' templates, special tokens and passage format are part of the key: editing them retrains it
-    fingerprint = [(n, get_protocol(n).special_tokens, get_protocol(n).build_prompt("Q?", "base")) for n in names]
-    fingerprint += [_passage_format(get_protocol(n)) for n in names]
-    key = hashlib.sha1(json.dumps([fingerprint, vocab_size, GENERATOR_VERSION]).encode()).hexdigest()[:10]
-    out = os.path.join(world.root, f"tokenizer_{key}")
-    if os.path.exists(os.path.join(out, "tokenizer_config.json")):
-        return out
-    questions = world.questions("train") + world.questions("val")
-    texts = list(world.passages().values()) + [q["question"] for q in questions]
-    words = sorted({w for e in world.entities for w in e.name.split()})
-    texts += [" ".join(words)] * 64 + ["\n".join(words)] * 64  # each word, spaced and not, merged to one token
-    specials: list[str] = []
-    for name in names:
-        proto = get_protocol(name)
-        specials += [t for t in proto.special_tokens if t not in specials]
-        for q in questions[:16]:
-            for variant in ("base", "instruct"):
-                prompt = proto.build_prompt(q["question"], variant)
-                texts.append(prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt))
-        try:
-            texts += ["".join(t for _, t in d["segments"]) for d in demonstrations(world, name, n=32, seed=0)]
-        except ValueError as exc:  # demos only sharpen merges; the byte-level tokenizer still covers everything
-            logger.warning("toy tokenizer: no demonstrations for %s (%s)", name, exc)
-    tok = train_bpe_tokenizer(texts, vocab_size=vocab_size, extra_special=specials)
-    split = [w for w in words if len(tok.tokenize(" " + w)) != 1 or len(tok.tokenize(w)) != 1]
-    if split:
-        raise ValueError(f"toy tokenizer: names split into pieces {split[:5]}; raise the vocabulary size")
-    tmp = tempfile.mkdtemp(prefix=".tok-", dir=world.root)
-    try:
-        tok.save_pretrained(tmp)
-        _publish(tmp, out, marker="tokenizer_config.json")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("toy world: tokenizer with %d tokens for %s at %s", len(tok), names, out)
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -430,15 +370,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-train", type=int, default=defaults.n_train)
     parser.add_argument("--n-val", type=int, default=defaults.n_val)
     parser.add_argument("--cache-dir", default=defaults.cache_dir)
-    parser.add_argument("--tokenizer", default="", help="comma-separated protocols: also build the toy tokenizer")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir)
     world = build_toy_world(cfg)
     for label, path in (("corpus", world.corpus_path), ("train", world.train_path), ("val", world.val_path)):
         print(f"{label}\t{path}")  # noqa: T201
-    if args.tokenizer:
-        print(f"tokenizer\t{toy_tokenizer(world, args.tokenizer.split(','))}")  # noqa: T201
     for q in world.questions("val")[:3]:
         print(f"example\t{q['question']} -> {q['golden_answers'][0]}")  # noqa: T201
 

@@ -2,7 +2,7 @@
 (see rsearch_verl/eval/evaluate.py)."""
 
 from rsearch_verl.eval.evaluate import main
-from rsearch_verl.main import setup_logging
+from rsearch_verl.log_setup import setup_logging
 
 if __name__ == "__main__":
     setup_logging()

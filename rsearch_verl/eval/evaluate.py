@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -105,7 +106,7 @@ def _datasets(args, cfg: RSearchConfig, tokenizer) -> tuple[dict[str, PromptData
     limit = cfg.data.max_prompt_length
     proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     if args.toy_world:
-        from rsearch_verl.trainer.session import toy_world_data
+        from rsearch_verl.data.run_data import toy_world_data
 
         data = toy_world_data(cfg)
         toy = PromptDataset(data.val_rows, tokenizer, limit, name="toy_world", protocol=proto)
@@ -119,27 +120,28 @@ def _datasets(args, cfg: RSearchConfig, tokenizer) -> tuple[dict[str, PromptData
 
 def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], str]:
     """Evaluate every dataset; return the scores table and the protocol card of this run's settings."""
-    from rsearch_verl.models import load_model, load_tokenizer
+    from rsearch_verl.models import load_model, policy_tokenizer
     from rsearch_verl.rollout.engines import make_engine
-    from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.run_context import RunContext
     from rsearch_verl.trainer.retriever_service import RetrieverService
 
-    cfg = load_config(overrides)
-    cfg.model.path = args.checkpoint
-    cfg.model.sft_checkpoint = None  # the checkpoint under evaluation is the model (not the recipe's warm start)
+    recipe_cfg = load_config(overrides)
+    # the checkpoint under evaluation is the model (not the recipe's warm start); on the toy world it brings its
+    # tokenizer, or, for a random tiny policy, the toy world's own is trained (unless the recipe names one)
+    ctx = RunContext(model_path=args.checkpoint)
     if args.toy_world and args.checkpoint != "tiny":
-        cfg.model.tokenizer_path = cfg.model.tokenizer_path or args.checkpoint
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-    if args.toy_world and args.checkpoint == "tiny" and cfg.model.tokenizer_path is None:
-        from rsearch_verl.trainer.session import toy_world_data
+        ctx = RunContext(model_path=args.checkpoint, tokenizer_path=args.checkpoint)
+    elif args.toy_world:
+        from rsearch_verl.data.run_data import toy_world_data
 
-        cfg.model.tokenizer_path = toy_world_data(cfg).tokenizer_path
-    tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+        ctx = RunContext(model_path="tiny", tokenizer_path=toy_world_data(ctx.apply(recipe_cfg)).tokenizer_path)
+    cfg = ctx.apply(recipe_cfg)
+    tokenizer = policy_tokenizer(cfg)
     datasets, corpus, index_dir = _datasets(args, cfg, tokenizer)
     os.makedirs(args.out, exist_ok=True)
     with contextlib.ExitStack() as stack:
         service = RetrieverService(cfg.retriever, corpus, index_dir, log_path=os.path.join(args.out, "retriever.log"))
-        cfg.retriever.url = stack.enter_context(service)
+        cfg = dataclasses.replace(ctx, retriever_url=stack.enter_context(service)).apply(recipe_cfg)
         engine = make_engine(cfg.rollout, load_model(cfg.model, tokenizer, seed=cfg.seed), tokenizer)
         stack.callback(engine.close)
         per_dataset = {}

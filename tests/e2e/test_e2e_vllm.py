@@ -21,7 +21,7 @@ def test_main_job_on_vllm_engine(tmp_path, toy_cache):
         "rollout.engine=vllm",
         "rollout.n=2",
         "actor.entropy_coeff=0.01",  # the policy moves even when every reward is 0
-        "model.actor_lr=1e-3",  # big enough that stale engine weights would show in the log-prob gap
+        "actor.optim.lr=1e-3",  # big enough that stale engine weights would show in the log-prob gap
     )
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -7,11 +7,12 @@ import os
 import pytest
 import torch
 
-from rsearch_verl.config import load_config
+from rsearch_verl.config import SFTConfig, load_config
+from rsearch_verl.data.run_data import toy_world_data
 from rsearch_verl.models import load_model, load_tokenizer
-from rsearch_verl.sft import SFTOptions, _collate, sft_loss, tokenize_demo, train_sft
-from rsearch_verl.trainer.session import toy_world_data
-from rsearch_verl.warm_start import SkillProbe, WarmStartError, WarmStartOptions, read_report, toy_demos, warm_start
+from rsearch_verl.run_context import RunContext
+from rsearch_verl.sft import _collate, sft_loss, tokenize_demo, train_sft
+from rsearch_verl.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
 
 SMALL = [
     "model.sft_checkpoint=null",
@@ -21,10 +22,9 @@ SMALL = [
 ]
 
 
-def _cfg(tmp_path):
-    cfg = load_config(["+recipe=search_r1_ppo", *SMALL, f"data.toy_world.cache_dir={tmp_path}"])
-    cfg.model.tokenizer_path = toy_world_data(cfg).tokenizer_path
-    return cfg
+def _cfg(tmp_path, *overrides):
+    cfg = load_config(["+recipe=search_r1_ppo", *SMALL, f"data.toy_world.cache_dir={tmp_path}", *overrides])
+    return RunContext(tokenizer_path=toy_world_data(cfg).tokenizer_path).apply(cfg)
 
 
 def test_observation_tokens_have_no_loss(tmp_path):
@@ -73,7 +73,7 @@ def test_sft_lowers_loss(tmp_path):
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, tok, seed=0)
     demos = toy_demos(cfg, n=16, p_no_search=0.5, seed=0)
-    history = train_sft(model, tok, demos, SFTOptions(epochs=5, lr=3e-3, batch_size=4))
+    history = train_sft(model, tok, demos, SFTConfig(epochs=5, lr=3e-3, batch_size=4))
     assert history[-1] < history[0] * 0.75, history
 
 
@@ -116,27 +116,28 @@ def test_skill_probe_measures_searching_and_reading(tmp_path, right, search, exp
 
 
 def test_warm_start_fails_loudly_without_the_skill(tmp_path):
-    cfg = _cfg(tmp_path)
-    opts = WarmStartOptions(n_demos=16, copy_epochs=1, probe_questions=4)  # one epoch on 16 demos: no copying
+    # the warm start's options are the `warm_start` config group: one epoch on 16 demos teaches no copying
+    cfg = _cfg(tmp_path, "warm_start.n_demos=16", "warm_start.copy_epochs=1", "warm_start.probe_questions=4")
     with pytest.raises(WarmStartError, match="does not copy answers"):
-        warm_start(cfg, opts)
+        warm_start(cfg)
 
 
 def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path):
-    cfg = _cfg(tmp_path)
-    opts = WarmStartOptions(SFTOptions(batch_size=8), n_demos=16, copy_epochs=1, until_em=0.0, min_searched=0)
-    opts.mix_epochs, opts.mix_keeps_em, opts.probe_questions = 1, 0.0, 4
-    path = warm_start(cfg, opts)
+    quick = ["warm_start.sft.batch_size=8", "warm_start.n_demos=16", "warm_start.copy_epochs=1"]
+    quick += ["warm_start.until_em=0.0", "warm_start.min_searched=0", "warm_start.mix_epochs=1"]
+    quick += ["warm_start.mix_keeps_em=0.0", "warm_start.probe_questions=4"]
+    cfg = _cfg(tmp_path, *quick)
+    path = warm_start(cfg)
     assert os.path.isfile(os.path.join(path, "config.json"))
     report = read_report(path)
     assert report["epochs"] == 1 and len(report["loss"]) == 2
     assert [(p["phase"], p["epoch"]) for p in report["probes"]] == [("copy", 1), ("mix", 1)]
     assert set(report["greedy"]) >= {"search_rate", "searched_em"} and report["seed"] == 0
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
-    cfg.seed += 1  # another RL seed: the same warm start, not rebuilt
-    assert warm_start(cfg, opts) == path and os.path.getmtime(os.path.join(path, "config.json")) == stamp
-    cfg.model.warm_start_seed = 5
-    assert warm_start(cfg, opts) != path
-    cfg.model.sft_checkpoint = path
-    reloaded = load_model(cfg.model, load_tokenizer(cfg.model))
+    # another RL seed: the same warm start, not rebuilt
+    assert warm_start(_cfg(tmp_path, *quick, "seed=2")) == path
+    assert os.path.getmtime(os.path.join(path, "config.json")) == stamp
+    assert warm_start(_cfg(tmp_path, *quick, "model.warm_start_seed=5")) != path
+    run_cfg = RunContext(sft_checkpoint=path).apply(cfg)
+    reloaded = load_model(run_cfg.model, load_tokenizer(run_cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)

@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest -q tests/trainer/test_trainer_watchdog.py
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -116,7 +117,7 @@ def test_health_record_status_reasons_and_round_trip():
 def test_bad_health_config_names_the_key(key, value):
     cfg = RSearchConfig()
     cfg.rollout.n = 2  # the default estimator (GRPO) needs a group
-    validate(cfg)
+    validate(copy.deepcopy(cfg))  # valid as it is (validation freezes the copy, not cfg)
     section, *path, leaf = key.split(".")
     node = getattr(cfg, section)
     for name in path:

@@ -41,7 +41,7 @@ def make_cfg(n_workers: int, **extra):
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor.ppo_mini_batch_size=4",
         "actor.micro_batch_size=1" if n_workers == 2 else "actor.micro_batch_size=2",
-        "model.actor_lr=1e-2",  # the tiny group's lr wins over actor.optim.lr
+        "actor.optim.lr=1e-2",
         "actor.use_kl_loss=true",
         "actor.kl_loss_type=low_var_kl",
         *[f"{k}={v}" for k, v in extra.items()],
@@ -178,7 +178,7 @@ def test_no_mask_ablation_reaches_critic_values_and_advantages(ray_cluster):
     from rsearch_verl.workers.critic import CriticWorker
 
     for masked in (True, False):
-        overrides = {"algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": "true", "model.critic_lr": "1e-2"}
+        overrides = {"algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": "true", "critic.optim.lr": "1e-2"}
         cfg = make_cfg(1, **overrides, **{"algorithm.mask_observations": str(masked).lower()})
         batch = make_batch(vocab_size(cfg)) if masked else _ablation_batch(cfg)
         obs = (batch.batch["response_mask"] == 0) & (batch.batch["attention_mask"][:, P:] == 1)

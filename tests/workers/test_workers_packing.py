@@ -178,7 +178,7 @@ def ray_cfg(packed: bool):
         "rollout.n=1",
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor.ppo_mini_batch_size=8",
-        "model.actor_lr=1e-3",
+        "actor.optim.lr=1e-3",
         "actor.use_kl_loss=true",
         "actor.entropy_coeff=0.01",
         *[f"actor.{k}={v}" for k, v in keys.items()],

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import httpx
 
 from rsearch_verl.rollout.protocols.base import Doc
-from rsearch_verl.search.sources import Source, SourceResponseError, make_title_doc
+from rsearch_verl.search.sources.base import Source, SourceResponseError, make_title_doc
 
 ARXIV_URL = "https://export.arxiv.org"
 _ATOM = "{http://www.w3.org/2005/Atom}"

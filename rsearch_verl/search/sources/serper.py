@@ -12,7 +12,7 @@ import os
 import httpx
 
 from rsearch_verl.rollout.protocols.base import Doc
-from rsearch_verl.search.sources import Source, SourceResponseError, make_title_doc
+from rsearch_verl.search.sources.base import Source, SourceResponseError, make_title_doc
 
 SERPER_URL = "https://google.serper.dev"
 
