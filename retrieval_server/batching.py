@@ -14,9 +14,8 @@ The wait is bounded by one batch's run time (plus `batch_wait_ms`), the batch by
 job larger than that runs alone, searched in chunks of `batch_max`). Results are split back per job in order.
 
 With `workers=2` on a 2-core CPU, two batches can run at once, each on one core (the server's `on_start` hook sets
-the torch threads of the batch's thread: all cores for a lone batch, a share for concurrent ones). Measured with
-MiniLM: one thread costs 7.5 CPU-ms per query at batch 16 against 9.6 for one batch spread over two threads
-(intra-op synchronisation on small matrices), so two single-threaded batches serve ~25 % more queries per second.
+the torch threads of the batch's thread: all cores for a lone batch, a share for concurrent ones); why that pays
+is measured in docs/retriever.md ("Batching and threads").
 
 Usage:
     batcher = MicroBatcher(run_batch, batch_max=64, workers=1)   # run_batch(list[item]) -> list[result]

@@ -153,9 +153,7 @@ async def run_trajectory(
             traj.finish_reason = "length"
             break
         seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + turn) % (2**63)
-        params = SamplingParams(
-            sampling.temperature, sampling.top_p, sampling.top_k, min(rc.max_tokens_per_turn, remaining), seed
-        )
+        params = dataclasses.replace(sampling, max_tokens=min(rc.max_tokens_per_turn, remaining), seed=seed)
         start = time.perf_counter()
         out = await engine.generate(prompt_ids + traj.response_ids, params, protocol.stop_strings)
         timing = {"gen_s": time.perf_counter() - start, "search_s": 0.0}

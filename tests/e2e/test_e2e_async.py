@@ -1,6 +1,7 @@
 """Cross-step asynchronous training end to end (real main jobs, local Ray, split placement on 2 CPUs).
 
-* staleness 0 on split workers is the synchronous loop: the same metrics, bit for bit, as the colocated run;
+* staleness 0 on split workers (2 FSDP ranks, 2 rollout workers) is the synchronous loop: the same metrics, bit for
+  bit, as the colocated run, and the rollout engines sample with the weights of the last update;
 * staleness 1 runs ahead (every batch after the first is one update old) and never beyond the bound, with the
   off-policy weights and idle times logged; a run resumed from a checkpoint written while a batch was being generated
   ahead trains the same prompts at the same steps as the uninterrupted run: none lost, none twice.
@@ -10,7 +11,7 @@ import json
 import os
 
 import pytest
-from e2e_helpers import read_metrics, run_main
+from e2e_helpers import hf_weights, read_metrics, run_main
 
 ASYNC = ["trainer.placement=split", "trainer.ray_num_cpus=2", "rollout.n=2", "actor.ppo_mini_batch_size=4"]
 # values that measure time or this machine, not the run's maths
@@ -32,14 +33,31 @@ def _maths(row: dict) -> dict:
 
 @pytest.mark.slow
 def test_staleness_zero_on_split_workers_is_the_synchronous_loop(tmp_path, toy_cache):
+    """2 FSDP ranks with stand-alone rollout workers (weights travel actor -> driver -> rollout workers after every
+    update) give the colocated run's metrics, bit for bit."""
     colocated, split = tmp_path / "colocated", tmp_path / "split"
-    run_main("search_r1_grpo", colocated, toy_cache, "rollout.n=2", "actor.ppo_mini_batch_size=4")
-    run_main("search_r1_grpo", split, toy_cache, *ASYNC, "trainer.max_staleness=0")
+    common = [
+        "rollout.n=2",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.n_workers=2",
+        "actor.entropy_coeff=0.01",
+        "actor.optim.lr=1e-3",  # big enough that stale rollout weights would show in the log-prob gap
+        "rollout.temperature=0.7",  # the actor's log-probs are taken at the same temperature
+        "rollout.top_p=1.0",
+    ]
+    run_main("search_r1_grpo", colocated, toy_cache, *common)
+    # 2 actor + 2 rollout bundles (logical CPUs; the machine may have 2 cores)
+    run_main("search_r1_grpo", split, toy_cache, *common, "trainer.placement=split", "trainer.ray_num_cpus=4")
     a, b = read_metrics(colocated), read_metrics(split)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     assert [_maths(r) for r in a] == [_maths(r) for r in b]
-    assert b[2]["async/staleness_max"] == 0 and "off_policy/is_weight_mean" not in b[2]
+    assert b[2]["actor/grad_norm"] > 0 and b[2]["async/staleness_max"] == 0
+    assert "off_policy/is_weight_mean" not in b[2]  # no correction when nothing is stale
+    # step 2 samples with the weights synced after step 1's update: engine and actor log-probs agree (both at T=0.7)
+    assert b[2]["rollout/logprob_abs_diff_max"] < 1e-3, b[2]
     assert b[2]["timing/rollout_idle_s"] > 0 and b[2]["timing/actor_idle_s"] > 0  # split: each waits for the other
+    weights = hf_weights(str(split / "checkpoints" / "step_000002"))
+    assert weights and all(v.isfinite().all() for v in weights.values())
 
 
 @pytest.mark.slow
