@@ -13,7 +13,9 @@ Per run, over the steady-state steps (after `--skip` steps: the first batch cann
     ideal_s    mean over steps of max(gen_s, train_s) of the synchronous run: the step time of a perfect overlap
     idle       timing/rollout_idle_s and timing/actor_idle_s per step
 Runs alternate staleness (0, 1, 2, 0, 1, 2, ...) for `--repeats` rounds; the table shows the median over rounds with
-min..max. The last line: the speed-up at staleness 1 over synchronous and its step time against the ideal overlap.
+min..max; speed-up and distance to the ideal are paired with the synchronous run of the same round (a machine whose
+load changes between rounds affects both alike). The last line: the speed-up at staleness 1 over synchronous and its
+step time against the ideal overlap. `--report DIR` prints the table of a finished run again.
 
     .venv/bin/python benchmarks/async_training.py                       # 3 x 2 runs of 12 steps, ~15 min
     .venv/bin/python benchmarks/async_training.py --steps 20 --repeats 3 --latency-s 1.5
@@ -95,28 +97,36 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} ({min(values):.2f}..{max(values):.2f})"
 
 
+def _pct_spread(values: list[float]) -> str:
+    return f"{statistics.median(values):+.0%} ({min(values):+.0%}..{max(values):+.0%})"
+
+
 def _median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
 def report(results: list[dict], levels: list[int]) -> None:
-    sync = [r for r in results if r["staleness"] == 0]
-    base, ideal = _median(sync, "step_s"), _median(sync, "ideal_s")
-    phases = {k: spread([r[k] for r in sync]) for k in ("gen_s", "train_s", "ideal_s")}
+    """Per staleness: step time, and -- paired with the synchronous run of the same round, so that load changing
+    between rounds cancels -- the speed-up and the distance to that run's ideal overlap."""
+    sync = {r["round"]: r for r in results if r["staleness"] == 0}
+    phases = {k: spread([r[k] for r in sync.values()]) for k in ("gen_s", "train_s", "ideal_s")}
     print(f"synchronous phases per step: gen {phases['gen_s']} s, train {phases['train_s']} s, "
           f"ideal overlap max(gen, train) {phases['ideal_s']} s")  # fmt: skip
-    head = ["staleness", "runs", "step_s median (min..max)", "speed-up", "vs ideal", "rollout idle s", "actor idle s"]
-    print("  ".join(head + ["max stale", "searches/q"]))
+    head = ["staleness", "runs", "step_s median (min..max)", "speed-up (paired)", "vs ideal (paired)"]
+    print("  ".join(head + ["rollout idle s", "actor idle s", "max stale", "searches/q"]))
+    paired = {}
     for k in levels:
         rows = [r for r in results if r["staleness"] == k]
-        step = _median(rows, "step_s")
-        cells = [f"{k:>9}", f"{len(rows):>4}", f"{spread([r['step_s'] for r in rows]):>24}", f"{base / step:>7.2f}x",
-                 f"{step / ideal - 1:>+8.0%}", f"{_median(rows, 'rollout_idle_s'):>14.2f}",
+        speed = [sync[r["round"]]["step_s"] / r["step_s"] for r in rows]
+        ideal = [r["step_s"] / sync[r["round"]]["ideal_s"] - 1 for r in rows]
+        paired[k] = (statistics.median(speed), statistics.median(ideal))
+        cells = [f"{k:>9}", f"{len(rows):>4}", f"{spread([r['step_s'] for r in rows]):>24}", f"{spread(speed):>17}",
+                 f"{_pct_spread(ideal):>17}", f"{_median(rows, 'rollout_idle_s'):>14.2f}",
                  f"{_median(rows, 'actor_idle_s'):>12.2f}", f"{max(r['staleness_max'] for r in rows):>9.0f}",
                  f"{_median(rows, 'searches'):>10.2f}"]  # fmt: skip
         print("  ".join(cells))
-    one = _median([r for r in results if r["staleness"] == 1], "step_s")
-    print(f"staleness 1: {base / one:.2f}x faster than synchronous, step time {one / ideal - 1:+.0%} vs ideal overlap")
+    speed, ideal = paired.get(1, paired[max(paired)])
+    print(f"staleness 1: {speed:.2f}x faster than synchronous (median of rounds), step time {ideal:+.0%} vs the ideal")
 
 
 def main() -> None:
@@ -130,15 +140,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/rsearch_verl/toy_world"))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--report", default=None, help="print the table of a finished run dir (its results.jsonl)")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.report:
+        with open(os.path.join(args.report, "results.jsonl")) as f:
+            results = [json.loads(line) for line in f]
+        report(results, sorted({r["staleness"] for r in results}))
+        return
     out = args.out or tempfile.mkdtemp(prefix="async_training_")
     os.makedirs(out, exist_ok=True)
     with toy_retriever(args.cache, os.path.join(out, "retriever.log")) as upstream:
         srv, url = serve(latency_proxy(upstream, args.latency_s, args.jitter_s, seed=args.seed))
         try:
-            results = [run(k, args, url, out, f"r{i}") for i in range(args.repeats) for k in args.levels]
+            rounds = [(i, k) for i in range(args.repeats) for k in args.levels]
+            results = [{**run(k, args, url, out, f"r{i}"), "round": i} for i, k in rounds]
         finally:
             srv.should_exit = True
     with open(os.path.join(out, "results.jsonl"), "w") as f:

@@ -9,6 +9,7 @@ Run: /work/vllmenv/bin/python -m pytest -q tests/rollout/test_rollout_vllm_engin
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -95,8 +96,9 @@ def test_load_weights_then_logprobs_match_the_actor(engine, tok, model):
         for p in actor.parameters():  # an "update" that is not just a re-seed: every tensor moves
             p.add_(0.01 * torch.randn_like(p))
     try:
-        engine.load_weights(actor.state_dict())
+        engine.load_weights(actor.state_dict(), version=engine.version + 1)
         after = _gen(engine, prompt, temperature=1.0, max_tokens=10, seed=3)
+        assert after.versions == [engine.version] * len(after.token_ids)  # sampled by the loaded policy version
         got = torch.tensor(after.logprobs)
         assert torch.allclose(_forward_logprobs(actor, prompt, after.token_ids), got, atol=ATOL)
         assert not torch.allclose(_forward_logprobs(model, prompt, after.token_ids), got)
@@ -131,6 +133,31 @@ def test_continuous_join_mid_decode(continuous, tok):
     assert not long_done_first and len(long.token_ids) == 600 and long.finish_reason == "length"
     assert short.token_ids == alone.token_ids == long.token_ids[:16]
     assert short.timing["batch_size"] == 2  # it shared vLLM's running batch with the long request
+
+
+def test_continuous_weights_land_mid_request_with_versions(continuous, tok, model):
+    """Weights loaded while a request decodes land between two engine steps: the request's tokens before carry the
+    old version, those after the new one and the new weights' log-probs (all-zero weights: exactly uniform)."""
+    prompt = tok.encode("Question: who wrote hamlet?")
+    zero = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    old = continuous.version
+
+    async def run():
+        steps = continuous.counters["decode_steps"]
+        long = asyncio.ensure_future(continuous.generate(prompt, SamplingParams(1.0, max_tokens=300, seed=5), []))
+        while continuous.counters["decode_steps"] < steps + 5:  # the request is decoding
+            await asyncio.sleep(0.005)
+        continuous.load_weights(zero, version=old + 1)  # blocks this loop only; the engine thread goes on
+        return await long
+
+    try:
+        out = asyncio.run(asyncio.wait_for(run(), timeout=120))
+    finally:
+        continuous.load_weights(model.state_dict(), version=old + 2)  # the module's engine is shared
+    first = out.versions.index(old + 1)
+    assert first >= 5 and set(out.versions[:first]) == {old} and set(out.versions[first:]) == {old + 1}
+    uniform = torch.tensor(out.logprobs[first:])
+    assert torch.allclose(uniform, torch.full_like(uniform, -math.log(model.config.vocab_size)), atol=1e-4)
 
 
 def test_continuous_rejected_request_fails_alone(continuous, tok):
