@@ -25,6 +25,7 @@ docs/real_models.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -104,6 +105,25 @@ def run_rl(args, sft_dir: str | None) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def hop_rewards(run_dir: str, steps: list[int]) -> dict[int, str]:
+    """Per step, "1-hop a/n 2-hop b/m": correct of sampled trajectories by question kind, from the run's rollout
+    dumps (a step's reward mostly says which kind its 2 prompts were: 2-hop questions are much harder)."""
+    out = {}
+    for step in steps:
+        path = os.path.join(run_dir, "rollouts", f"step_{step}.jsonl")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        kinds = sorted({r["data_source"] for r in rows})
+        out[step] = "  ".join(
+            f"{k.rsplit('_', 1)[-1]} {sum(r['reward'] >= 1.0 for r in rows if r['data_source'] == k):.0f}/"
+            f"{sum(r['data_source'] == k for r in rows)}"
+            for k in kinds
+        )
+    return out
+
+
 def report(probes: list[dict], rl: list[dict], args) -> list[str]:
     lines = [f"{'stage':<12}{'search_rate':>12}{'searched_em':>12}{'no_search_em':>13}{'n':>4}{'probe_s':>9}"]
     for p in probes:
@@ -111,18 +131,49 @@ def report(probes: list[dict], rl: list[dict], args) -> list[str]:
                      f"{p['n']:>4}{p['probe_s']:>9.1f}")  # fmt: skip
     vals = [r for r in rl if "val/em" in r]
     steps = [r for r in rl if r["step"] >= 1]
+    hops = hop_rewards(os.path.join(args.out, "rl"), [r["step"] for r in steps])
     lines.append(f"RL {args.recipe}, {len(steps)} steps x 8 trajectories (2 prompts x 4), lr from actor.optim.lr")
     for r in steps:
         lines.append(f"  step {r['step']:>2}: reward {r['reward/mean']:.3f}  searches {r['rollout/searches_mean']:.2f}"
-                     f"  logprob gap {r['rollout/logprob_abs_diff_max']:.1e}  {r['timing/step_s']:.0f} s")  # fmt: skip
+                     f"  grad norm {r['actor/grad_norm']:.1e}  logprob gap {r['rollout/logprob_abs_diff_max']:.1e}"
+                     f"  {r['timing/step_s']:.0f} s  correct: {hops.get(r['step'], '?')}")  # fmt: skip
     first, last = vals[0], vals[-1]
     em, searches = (first["val/em"], last["val/em"]), (first["val/searches_mean"], last["val/searches_mean"])
-    lines.append(f"  val (held-out toy world, greedy, {args.val_questions} q): em {em[0]:.3f} -> {em[1]:.3f}, "
-                 f"searches {searches[0]:.2f} -> {searches[1]:.2f}")  # fmt: skip
+    by_hop = "; ".join(f"{k.split('/')[1][10:]} {first[k]:.3f} -> {last[k]:.3f}" for k in sorted(first)
+                       if k.startswith("val/toy_world_") and k in last)  # fmt: skip
+    lines.append(f"  val (held-out toy world, greedy, {args.val_questions} q): em {em[0]:.3f} -> {em[1]:.3f} "
+                 f"({by_hop}), searches {searches[0]:.2f} -> {searches[1]:.2f}")  # fmt: skip
     rates = " -> ".join(f"{p['stage']} {p['search_rate']:.2f}" for p in probes)
     lines.append(f"search rate (probe) {rates}; val searches after RL {last['val/searches_mean']:.2f}, "
                  f"val em {first['val/em']:.3f} -> {last['val/em']:.3f}")  # fmt: skip
     return lines
+
+
+def measure_stages(cfg, args, probes: dict[str, dict], sft_dir: str | None) -> None:
+    """Probes zero-shot and (with `sft_dir`) warm-starts and probes again, recording each stage into `probes`. The
+    model lives only in this function, so that it is freed on return, before the RL job runs beside this process."""
+    from rsearch_verl.sft import load_policy, save_hf
+    from rsearch_verl.warm_start import SkillProbe
+
+    model, tokenizer = load_policy(cfg, seed=args.seed)
+    probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
+    try:
+        if "zero-shot" not in probes:
+            probes["zero-shot"] = _record(args.out, probe_row("zero-shot", probe))
+        if sft_dir and "warm start" not in probes:
+            start = time.perf_counter()
+            losses = warm_start(cfg, model, tokenizer, args)
+            logging.info("warm start: losses %s in %.0f s", losses, time.perf_counter() - start)
+            save_hf(model, tokenizer, sft_dir)
+            probes["warm start"] = _record(args.out, probe_row("warm start", probe))
+    finally:
+        probe.close()
+
+
+def _rss_gb() -> float:
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb / 2**20
 
 
 def main(argv: list[str] | None = None) -> list[str]:
@@ -142,8 +193,6 @@ def main(argv: list[str] | None = None) -> list[str]:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rsearch_verl.config import load_config
-    from rsearch_verl.sft import load_policy, save_hf
-    from rsearch_verl.warm_start import SkillProbe
 
     os.makedirs(args.out, exist_ok=True)
     overrides = ["model=smollm2_135m", f"+recipe={args.recipe}", *SIZES, f"data.toy_world.cache_dir={args.toy_cache}"]
@@ -152,18 +201,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     sft_dir = os.path.join(args.out, "warm_start") if args.sft_demos > 0 else None
     stages = ["zero-shot"] + (["warm start"] if sft_dir else [])
     if any(stage not in probes for stage in stages):
-        model, tokenizer = load_policy(cfg, seed=args.seed)
-        probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
-        if "zero-shot" not in probes:
-            probes["zero-shot"] = _record(args.out, probe_row("zero-shot", probe))
-        if sft_dir:
-            start = time.perf_counter()
-            losses = warm_start(cfg, model, tokenizer, args)
-            logging.info("warm start: losses %s in %.0f s", losses, time.perf_counter() - start)
-            save_hf(model, tokenizer, sft_dir)
-            probes["warm start"] = _record(args.out, probe_row("warm start", probe))
-        probe.close()
-        del model
+        measure_stages(cfg, args, probes, sft_dir)
+    gc.collect()  # the policy and the probe's engine are gone before the RL job starts beside this process
+    logging.info("benchmark process RSS before RL: %.2f GB", _rss_gb())
     probes = [probes[stage] for stage in stages]
     rl = run_rl(args, sft_dir) if args.rl_steps > 0 else []
     lines = report(probes, rl, args) if rl else [json.dumps(p) for p in probes]
