@@ -10,12 +10,13 @@ EM of those that do, the EM of those that do not.
      model's chat template, as rsearch_verl/sft.py trains them.
   3. RL: the recipe's main job (`python -m rsearch_verl.main`, local Ray, the recipe's own BM25 server) from the warm
      start for --rl-steps steps; its own validation on the held-out toy-world questions before the first update and
-     after the last (val/em, val/searches_mean), and rollout/searches_mean, reward/mean per step.
+     after the last (val/em by question kind, val/searches_mean), and per step rollout/searches_mean, reward/mean
+     and the correct trajectories by question kind (1-hop / 2-hop, from the run's rollout dumps).
 
 Prints a table and a last line: searches per trajectory and EM through the stages. CPU-heavy: one RL step of 8
-trajectories is minutes on 2 cores; keep --rl-steps small. Measured stages are kept in `<out>/probes.jsonl` (and the
-warm start in `<out>/warm_start`): a rerun with the same --out goes straight to what is left. Measured numbers are in
-docs/real_models.md.
+trajectories is 1-6 minutes on 2 shared cores (10 steps: 16-37 min). Measured stages are kept in
+`<out>/probes.jsonl` (and the warm start in `<out>/warm_start`): a rerun with the same --out goes straight to what
+is left. Measured numbers are in docs/real_models.md.
 
     .venv/bin/python benchmarks/smollm2_learning.py --out /tmp/smol                      # Search-R1 GRPO
     .venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_toolcall_grpo --out /tmp/smol_tc
