@@ -26,6 +26,8 @@ is left. Measured numbers are in docs/real_models.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import json
 import logging
@@ -46,7 +48,14 @@ RL = [
     "trainer.save_freq=0",
     "trainer.test_freq=0",
 ]
-SIZES = ["rollout.max_turns=3", "rollout.max_tokens_per_turn=48", "rollout.max_response_length=320"]
+SIZES = ["rollout.max_turns=3", "rollout.max_response_length=320"]
+# a turn's token cap: a Search-R1 turn (<think> … </think> <search> q </search>) fits in 48 SmolLM2 tokens; a JSON
+# tool call with its <think> is ~50-60, and at 48 every call was cut before </tool_call> (so no search ever ran)
+TURN_TOKENS = {"search_r1_grpo": 48, "search_r1_toolcall_grpo": 96}
+
+
+def sizes(recipe: str) -> list[str]:
+    return [*SIZES, f"rollout.max_tokens_per_turn={TURN_TOKENS[recipe]}"]
 
 
 def probe_row(stage: str, probe) -> dict:
@@ -95,7 +104,8 @@ def warm_start(cfg, model, tokenizer, args) -> list[float]:
 
 def run_rl(args, sft_dir: str | None) -> list[dict]:
     run_dir = os.path.join(args.out, "rl")
-    cmd = [sys.executable, "-m", "rsearch_verl.main", "model=smollm2_135m", f"+recipe={args.recipe}", *RL, *SIZES]
+    cmd = [sys.executable, "-m", "rsearch_verl.main", "model=smollm2_135m", f"+recipe={args.recipe}", *RL]
+    cmd += sizes(args.recipe)
     cmd += [f"trainer.total_steps={args.rl_steps}", f"data.val_max_samples={args.val_questions}"]
     cmd += [f"trainer.run_dir={run_dir}", "trainer.resume=disable", f"data.toy_world.cache_dir={args.toy_cache}"]
     cmd += [f"model.sft_checkpoint={sft_dir}"] if sft_dir else []
@@ -171,6 +181,12 @@ def measure_stages(cfg, args, probes: dict[str, dict], sft_dir: str | None) -> N
         probe.close()
 
 
+def _malloc_trim() -> None:
+    """Hands the memory freed by the SFT back to the OS (glibc keeps freed heap pages otherwise)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _rss_gb() -> float:
     with open("/proc/self/status") as f:
         kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
@@ -196,14 +212,15 @@ def main(argv: list[str] | None = None) -> list[str]:
     from rsearch_verl.config import load_config
 
     os.makedirs(args.out, exist_ok=True)
-    overrides = ["model=smollm2_135m", f"+recipe={args.recipe}", *SIZES, f"data.toy_world.cache_dir={args.toy_cache}"]
-    cfg = load_config(overrides)
+    cfg = load_config(["model=smollm2_135m", f"+recipe={args.recipe}", *sizes(args.recipe),
+                       f"data.toy_world.cache_dir={args.toy_cache}"])  # fmt: skip
     probes = _done(args.out)  # a rerun with the same --out reuses measured stages and the saved warm start
     sft_dir = os.path.join(args.out, "warm_start") if args.sft_demos > 0 else None
     stages = ["zero-shot"] + (["warm start"] if sft_dir else [])
     if any(stage not in probes for stage in stages):
         measure_stages(cfg, args, probes, sft_dir)
     gc.collect()  # the policy and the probe's engine are gone before the RL job starts beside this process
+    _malloc_trim()
     logging.info("benchmark process RSS before RL: %.2f GB", _rss_gb())
     probes = [probes[stage] for stage in stages]
     rl = run_rl(args, sft_dir) if args.rl_steps > 0 else []
