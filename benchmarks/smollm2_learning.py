@@ -117,7 +117,7 @@ def run_rl(args, sft_dir: str | None) -> list[dict]:
 
 
 def hop_rewards(run_dir: str, steps: list[int]) -> dict[int, str]:
-    """Per step, "1-hop a/n 2-hop b/m": correct of sampled trajectories by question kind, from the run's rollout
+    """Per step, "1hop a/n  2hop b/m": correct of sampled trajectories by question kind, from the run's rollout
     dumps (a step's reward mostly says which kind its 2 prompts were: 2-hop questions are much harder)."""
     out = {}
     for step in steps:
