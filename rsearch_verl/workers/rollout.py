@@ -98,16 +98,9 @@ class RolloutWorker(Worker):
         tokenizer, model = build_policy(self.cfg)
         self.runner = RolloutRunner(self.cfg, model, tokenizer, device)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        return self._generate(prompts)
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def generate_sequences_async(self, prompts: DataProto) -> DataProto:
-        """The same, returning futures at once (the driver collects them with `.get()`)."""
-        return self._generate(prompts)
-
-    def _generate(self, prompts: DataProto) -> DataProto:
+        """Generate this worker's share of `prompts`; the driver gets futures at once (`PendingRollout.result()`)."""
         with self._generating:
             self._wait_for_version(int(prompts.meta_info.get("min_version", 0)))
             with self._state:
