@@ -112,8 +112,8 @@ class RolloutWorker(Worker):
                     self._busy_s += time.perf_counter() - self._busy_since
                     self._busy_since = None
                     parked, self._parked = self._parked, None
-                if parked is not None:  # mid_trajectory_update=wait: the update lands now, between batches
-                    self.runner.load_weights(*parked)
+                    if parked is not None:  # mid_trajectory_update=wait: it lands now, before a newer update can
+                        self.runner.load_weights(*parked)
 
     def _wait_for_version(self, version: int) -> None:
         with self._state:
@@ -126,8 +126,12 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None):
         with self._state:
-            if self.cfg.trainer.mid_trajectory_update == "wait" and self._busy_since is not None:
-                self._parked = (state_dict, version)  # a newer update replaces a parked one
+            if self.cfg.trainer.mid_trajectory_update == "wait":
+                if self._busy_since is not None:
+                    self._parked = (state_dict, version)  # lands after the batch; a newer update replaces it
+                else:  # idle: it lands under the lock, so no batch starts halfway through the copy
+                    self.runner.load_weights(state_dict, version)
+                    self._state.notify_all()
                 return
         self.runner.load_weights(state_dict, version)  # lands between two decode steps of a running batch
         with self._state:
