@@ -12,7 +12,9 @@ update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the d
 
 Per variant: EM gain (after - before) min / median / max, the share of runs that gain >= +0.25, searches per
 question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
-with its spread. Last line: the worst run's gain for the default recipe (ppo).
+and the asynchronous effect (ppo_async1 - ppo) with their spread, beside the seed effect they are judged against (ppo
+seed i - seed j in the same world: how far two runs that differ only in their RL seed land apart). Last line: the
+worst run's gain for the default recipe (ppo).
 
     .venv/bin/python benchmarks/learning.py                           # 5 RL seeds x 3 worlds x 3 variants
     .venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo --out /tmp/grid
@@ -106,8 +108,9 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
         s_after = statistics.median(r["searches_after"] for r in runs)
         searches = f"{s_before:.2f} -> {s_after:.2f}"
         lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14}")
-    lines += _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
-    lines += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
+    effects = _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
+    effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
+    lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     head = by_variant.get("ppo") or next(r for r in by_variant.values() if r)
     worst = min(head, key=lambda r: r["em_after"] - r["em_before"])
     gain = worst["em_after"] - worst["em_before"]
@@ -118,12 +121,31 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     return lines
 
 
+def deciles(values: list[float]) -> str:
+    cuts = statistics.quantiles(values, n=10, method="inclusive")
+    return f"{cuts[0]:+.3f} / {cuts[8]:+.3f}"
+
+
 def _paired(by_variant: dict, a: str, b: str, title: str) -> list[str]:
     """EM after RL of variant a minus b, paired by seed and world (one line, or none without pairs)."""
     other = {(r["seed"], r["world"]): r for r in by_variant.get(b, [])}
     diffs = [r["em_after"] - other[(r["seed"], r["world"])]["em_after"] for r in by_variant.get(a, [])
              if (r["seed"], r["world"]) in other]  # fmt: skip
-    return [f"{title}, {len(diffs)} pairs): {spread(diffs)}"] if diffs else []
+    if not diffs:
+        return []
+    tail = f"; p10 / p90 {deciles(diffs)}" if len(diffs) > 1 else ""
+    return [f"{title}, {len(diffs)} pairs): {spread(diffs)}{tail}"]
+
+
+def _seed_effect(by_variant: dict, variant: str) -> list[str]:
+    """What a paired effect is judged against: EM after RL of one seed minus another seed's, same variant and world
+    (every ordered pair), i.e. how far two runs that differ only in their RL seed land apart."""
+    runs = by_variant.get(variant, [])
+    diffs = [a["em_after"] - b["em_after"] for a in runs for b in runs if a["world"] == b["world"] and a is not b]
+    if len(diffs) < 2:
+        return []
+    title = f"seed effect (EM after RL, {variant} seed i - seed j, same world, {len(diffs)} pairs)"
+    return [f"{title}: {spread(diffs)}; p10 / p90 {deciles(diffs)}"]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -46,11 +46,13 @@ def child_env() -> dict:
     return env
 
 
-def run_main(recipe: str, run_dir, toy_cache: str, *overrides: str, timeout: int = 420) -> subprocess.CompletedProcess:
+def run_main(
+    recipe: str, run_dir, toy_cache: str, *overrides: str, timeout: int = 420, env: dict | None = None
+) -> subprocess.CompletedProcess:
     done = subprocess.run(
         main_cmd(recipe, run_dir, toy_cache, *overrides),
         cwd=ROOT,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -4,7 +4,8 @@
   bit, as the colocated run, and the rollout engines sample with the weights of the last update;
 * staleness 1 runs ahead (every batch after the first is one update old) and never beyond the bound, with the
   off-policy weights and idle times logged; a run resumed from a checkpoint written while a batch was being generated
-  ahead trains the same prompts at the same steps as the uninterrupted run: none lost, none twice.
+  ahead, and a run rolled back by the health watchdog while one was, train the same prompts at the same steps as the
+  uninterrupted run: none lost, none twice.
 """
 
 import json
@@ -12,6 +13,8 @@ import os
 
 import pytest
 from e2e_helpers import hf_weights, read_metrics, run_main
+
+from rsearch_verl.trainer.health import FAULT_NAN_ENV
 
 ASYNC = ["trainer.placement=split", "trainer.ray_num_cpus=2", "rollout.n=2", "actor.ppo_mini_batch_size=4"]
 # values that measure time or this machine, not the run's maths
@@ -80,3 +83,14 @@ def test_staleness_one_stays_in_bound_and_resume_loses_no_prompt(tmp_path, toy_c
     again = _prompts_per_step(resumed)
     assert sorted(again) == [3, 4]
     assert again == {s: prompts[s] for s in (3, 4)}
+    # a NaN loss at step 3 (batch 4 is being generated ahead): the watchdog rolls back to step 2, both batches are
+    # forgotten and generated again from the restored weights
+    rolled = tmp_path / "rolled"
+    async1 = [*ASYNC, *steps, "trainer.max_staleness=1"]
+    run_main("search_r1_grpo", rolled, toy_cache, *async1, env={FAULT_NAN_ENV: "3"})
+    health = json.loads((rolled / "summary.json").read_text())["health"]
+    assert [(r["step"], r["restored_step"]) for r in health["rollbacks"]] == [(3, 2)]
+    assert _prompts_per_step(rolled) == prompts
+    rows = [r for r in read_metrics(rolled) if "async/staleness_max" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[2]["health/rolled_back_from"] == 3
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 0, 1]  # batch 3 again: from the restored weights

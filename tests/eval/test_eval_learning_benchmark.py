@@ -1,5 +1,6 @@
 """benchmarks/learning.py's table: per-variant spread of the EM gain, the share of runs reaching the target, the
-masking effect paired by (seed, world), the worst default-recipe run on the last line; a finished grid resumes."""
+masking effect paired by (seed, world) beside the seed-to-seed spread, the worst default-recipe run on the last line;
+a finished grid resumes."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_report_spread_share_masking_effect_and_worst_run():
     assert "+0.400 / +0.500 / +0.800" in next(line for line in lines if line.startswith("ppo_nomask"))
     effect = next(line for line in lines if line.startswith("masking effect"))
     assert "3 pairs" in effect and "-0.200 / -0.100 / +0.400" in effect
+    # what an effect is judged against: two seeds of ppo in the same world (world 1 has one seed: no pair)
+    seeds = next(line for line in lines if line.startswith("seed effect"))
+    assert "2 pairs" in seeds and "-0.700 / +0.000 / +0.700; p10 / p90 -0.560 / +0.560" in seeds
     assert lines[-1].startswith("worst run of ppo: EM gain +0.200 (seed 2, world 0")
 
 
