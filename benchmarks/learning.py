@@ -14,7 +14,8 @@ Per variant: EM gain (after - before) min / median / max, the share of runs that
 question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
 and the asynchronous effect (ppo_async1 - ppo) with their spread, beside the seed effect they are judged against (ppo
 seed i - seed j in the same world: how far two runs that differ only in their RL seed land apart). Last line: the
-worst run's gain for the default recipe (ppo).
+worst run's gain for the default recipe (ppo). A run that its health checks stop (exit 3; the grid writes no
+checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped: a failure, outside the EM spreads.
 
     .venv/bin/python benchmarks/learning.py                           # 5 RL seeds x 3 worlds x 3 variants
     .venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo --out /tmp/grid
@@ -51,6 +52,7 @@ VARIANTS = {
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 TARGET = 0.25  # held-out EM gain every run must reach
+STOPPED = 3  # the main job's exit code when its health checks stop the run (docs/health.md)
 
 
 def run_cell(variant: str, seed: int, world: int, args) -> dict:
@@ -66,15 +68,18 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
+    cell = {"variant": variant, "seed": seed, "world": world}
+    if proc.returncode == STOPPED:  # the run's own health checks ended it: an outcome, recorded; the grid goes on
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            reason = json.load(f)["health"]["stop"]["reason"]
+        return {**cell, "stopped": reason, "wall_s": round(wall, 1)}
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         vals = [row for row in map(json.loads, f) if "val/em" in row]
     before, after = vals[0], vals[-1]
     return {
-        "variant": variant,
-        "seed": seed,
-        "world": world,
+        **cell,
         "em_before": before["val/em"],
         "em_after": after["val/em"],
         "searches_before": before["val/searches_mean"],
@@ -98,12 +103,13 @@ def spread(values: list[float]) -> str:
 def report(rows: list[dict], variants: list[str]) -> list[str]:
     """The table's lines (printed and returned)."""
     lines = [f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= +0.25':>9} {'searches/q':>14}"]
-    by_variant = {v: [r for r in rows if r["variant"] == v] for v in variants}
+    stopped = [r for r in rows if r.get("stopped")]  # no trained policy: a failed run, outside the EM spreads
+    by_variant = {v: [r for r in rows if r["variant"] == v and not r.get("stopped")] for v in variants}
     for name, runs in by_variant.items():
         if not runs:
             continue
         gains = [r["em_after"] - r["em_before"] for r in runs]
-        share = sum(g >= TARGET for g in gains) / len(gains)
+        share = sum(g >= TARGET for g in gains) / (len(gains) + sum(r["variant"] == name for r in stopped))
         s_before = statistics.median(r["searches_before"] for r in runs)
         s_after = statistics.median(r["searches_after"] for r in runs)
         searches = f"{s_before:.2f} -> {s_after:.2f}"
@@ -111,12 +117,13 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     effects = _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
+    lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
     head = by_variant.get("ppo") or next(r for r in by_variant.values() if r)
     worst = min(head, key=lambda r: r["em_after"] - r["em_before"])
-    gain = worst["em_after"] - worst["em_before"]
+    worst = next((r for r in stopped if r["variant"] == worst["variant"]), worst)
+    gain = "stopped" if worst.get("stopped") else f"EM gain {worst['em_after'] - worst['em_before']:+.3f}"
     lines.append(
-        f"worst run of {head[0]['variant']}: EM gain {gain:+.3f} (seed {worst['seed']}, world {worst['world']}; "
-        f"target >= +{TARGET})"
+        f"worst run of {worst['variant']}: {gain} (seed {worst['seed']}, world {worst['world']}; target >= +{TARGET})"
     )
     return lines
 
@@ -176,7 +183,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         done[cell] = _record(run_cell(*cell, args), results_path)
     rest = [c for c in todo if c not in firsts.values()]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for row in pool.map(lambda c: run_cell(*c, args), rest):
+        for future in concurrent.futures.as_completed([pool.submit(run_cell, *c, args) for c in rest]):
+            row = future.result()  # recorded as it finishes: a crash later loses no finished cell
             done[(row["variant"], row["seed"], row["world"])] = _record(row, results_path)
     rows = [done[c] for c in cells]
     for line in report(rows, variants):

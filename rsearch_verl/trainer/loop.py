@@ -107,7 +107,7 @@ class Trainer:
             #    synchronous; the proximal policy of the off-policy correction otherwise)
             with timed(timing, "old_log_prob"):
                 batch = batch.union(wg.actor.compute_log_prob(batch))
-            metrics.update(**phases.rollout_logprob_gap(batch, step - 1), **phases.sampled_entropy(batch))
+            metrics.update(**phases.rollout_logprob_gap(batch, step - 1), **phases.sampled_entropy(batch, step - 1))
             metrics.update(phases.off_policy_phase(batch, cfg))  # importance weights for stale samples
             # 4. reference log-probs for the KL term
             if cfg.use_ref:

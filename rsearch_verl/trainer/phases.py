@@ -167,13 +167,18 @@ def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> dict[str, float]:
     return metrics
 
 
-def sampled_entropy(batch: DataProto) -> dict[str, float]:
-    """Mean -log p (actor, rollout temperature) of the sampled policy tokens: a Monte-Carlo estimate of the policy's
-    per-token entropy at no extra cost (the health watchdog's entropy when the actor computes none)."""
-    mask = batch.batch["response_mask"].bool()
+def sampled_entropy(batch: DataProto, version: int) -> dict[str, float]:
+    """Mean -log p (rollout temperature) of the sampled policy tokens under the policy that sampled them: a Monte-Carlo
+    estimate of the sampling policy's per-token entropy at no extra cost (the health watchdog's entropy when the actor
+    computes none). Tokens of the actor's current weights (`version`; all of them when training is synchronous) are
+    scored by the actor, older ones (asynchronous training) by the rollout engine that sampled them: the newer actor's
+    -log p of another policy's samples is a cross-entropy, H(old) + KL(old || new), inflated by every update."""
+    t = batch.batch
+    mask = t["response_mask"].bool()
     if not mask.any():
         return {}
-    return {"rollout/entropy_mc": float(-batch.batch["old_log_probs"][mask].mean())}
+    logp = torch.where(t["rollout_versions"] < version, t["rollout_log_probs"], t["old_log_probs"])
+    return {"rollout/entropy_mc": float(-logp[mask].mean())}
 
 
 def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:

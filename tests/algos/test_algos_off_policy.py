@@ -83,6 +83,19 @@ def test_stale_rows_measure_staleness_per_row_and_drop_beyond_the_bound():
     assert dropped.tolist() == stale.tolist()
 
 
+def test_sampled_entropy_scores_each_token_by_the_policy_that_sampled_it():
+    """Step 5 trains the weights of step 4: its tokens are scored by the actor, older ones by the rollout engine (the
+    actor's log-prob of a stale token is a cross-entropy); observations (-1) count in neither."""
+    batch = _versions_batch([[4, 3, -1], [3, 3, 4]])
+    batch.batch["old_log_probs"] = torch.tensor([[-0.1, -2.0, -9.0], [-3.0, -3.0, -0.3]])  # the actor (version 4)
+    batch.batch["rollout_log_probs"] = torch.tensor([[-0.2, -0.4, 0.0], [-0.5, -0.6, -0.7]])  # the sampling engine
+    assert phases.sampled_entropy(batch, 4)["rollout/entropy_mc"] == pytest.approx((0.1 + 0.4 + 0.5 + 0.6 + 0.3) / 5)
+    # synchronous: every token is the current version's, so all are the actor's
+    sync = _versions_batch([[4, 4, -1]])
+    sync.batch["old_log_probs"], sync.batch["rollout_log_probs"] = torch.tensor([[-0.1, -0.3, -9.0]]), torch.zeros(1, 3)
+    assert phases.sampled_entropy(sync, 4)["rollout/entropy_mc"] == pytest.approx(0.2)
+
+
 def test_async_config_is_validated():
     def cfg(**trainer):
         return from_omegaconf({"rollout": {"n": 2}, "trainer": trainer, "algorithm": {"off_policy": off_policy}})

@@ -45,6 +45,20 @@ def test_report_spread_share_masking_effect_and_worst_run():
     assert lines[-1].startswith("worst run of ppo: EM gain +0.200 (seed 2, world 0")
 
 
+def test_a_stopped_run_is_a_failure_outside_the_spreads():
+    bench = _bench()
+    rows = [_row("ppo", 1, 0, 0.0, 0.9), _row("ppo", 2, 0, 0.0, 0.8), _row("ppo_async1", 1, 0, 0.0, 0.7)]
+    rows.append({"variant": "ppo_async1", "seed": 2, "world": 0, "stopped": "watchdog tripped", "wall_s": 1.0})
+    lines = bench.report(rows, ["ppo", "ppo_async1"])
+    async1 = next(line for line in lines if line.startswith("ppo_async1"))
+    assert "   1 " in async1 and "+0.700 / +0.700 / +0.700" in async1 and "50%" in async1
+    assert "1 pairs): -0.200 / -0.200 / -0.200" in next(line for line in lines if line.startswith("asynchronous"))
+    assert "stopped: ppo_async1 seed 2 world 0: watchdog tripped" in lines
+    assert lines[-1].startswith("worst run of ppo: EM gain +0.800 (seed 2, world 0")
+    rows.append({"variant": "ppo", "seed": 3, "world": 0, "stopped": "retriever gone", "wall_s": 1.0})
+    assert bench.report(rows, ["ppo", "ppo_async1"])[-1].startswith("worst run of ppo: stopped (seed 3, world 0")
+
+
 def test_finished_cells_are_read_back(tmp_path):
     bench = _bench()
     path = tmp_path / "results.jsonl"

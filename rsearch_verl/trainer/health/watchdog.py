@@ -9,7 +9,7 @@ Signals (`SIGNALS`, thresholds in `trainer.watchdog`):
                       format-valid rate) below `answer_collapse` x its baseline
     entropy_collapse  policy entropy below `entropy_collapse` x baseline; entropy_explode: above `entropy_explode` x it.
                       The entropy is actor/entropy when the actor computes it (actor.entropy_coeff != 0), else
-                      rollout/entropy_mc (the mean -log p of the sampled tokens, a Monte-Carlo estimate of it)
+                      rollout/entropy_mc (the mean -log p of the sampled tokens under the policy that sampled them)
     length_blowup     rollout/response_len_mean above `length_blowup` x baseline
 
 The absolute signals (nonfinite, logprob_gap) trip from the first step. A baseline is the median over the last
