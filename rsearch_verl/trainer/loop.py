@@ -182,7 +182,8 @@ class Trainer:
         """Load the checkpoint `trainer.resume` points at; return the step it finished (0 for a fresh run)."""
         self.ckpts.sweep_incomplete()
         path = self.ckpts.resolve(self.cfg.trainer.resume)
-        if path is None:
+        if path is None:  # a fresh run: rows an earlier run left in this run directory are not its rows
+            self.metrics.truncate(after_step=-1)
             return 0
         logger.info("resuming from %s", path)
         step, state = self._load(path)

@@ -1,5 +1,6 @@
 """Crash and resume: a run of 4 steps equals a run of 2 steps + SIGKILL of the driver + `trainer.resume=auto` for the
-remaining 2 (actor parameters equal within 1e-6 on CPU), and a checkpoint killed mid-write is ignored, not loaded.
+remaining 2 (actor parameters equal within 1e-6 on CPU), and a checkpoint killed mid-write is ignored, not loaded;
+a fresh run (`trainer.resume=disable`) in the same directory does not append to the old run's metrics.
 
 The driver is a real `python -m rsearch_verl.main` process in its own process group (with its local Ray cluster
 and retrieval server); the kill is SIGKILL to the whole group right after the step-2 checkpoint is complete."""
@@ -55,3 +56,6 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, toy_cache):
     assert worst <= 1e-6, f"resumed run differs from the uninterrupted one by {worst}"
     steps = [r["step"] for r in read_metrics(crashed)]
     assert steps == sorted(set(steps)) and steps[-1] == 4
+    # a fresh run in the same directory (resume=disable) starts a fresh metrics.jsonl
+    run_main("search_r1_grpo", crashed, toy_cache, *OVERRIDES, "trainer.resume=disable", "trainer.total_steps=1")
+    assert [r["step"] for r in read_metrics(crashed)] == [0, 1]
