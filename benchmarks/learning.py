@@ -118,7 +118,9 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
-    head = by_variant.get("ppo") or next(r for r in by_variant.values() if r)
+    head = by_variant.get("ppo") or next((r for r in by_variant.values() if r), None)
+    if head is None:
+        return [*lines, "no run finished"]
     worst = min(head, key=lambda r: r["em_after"] - r["em_before"])
     worst = next((r for r in stopped if r["variant"] == worst["variant"]), worst)
     gain = "stopped" if worst.get("stopped") else f"EM gain {worst['em_after'] - worst['em_before']:+.3f}"

@@ -57,6 +57,7 @@ def test_a_stopped_run_is_a_failure_outside_the_spreads():
     assert lines[-1].startswith("worst run of ppo: EM gain +0.800 (seed 2, world 0")
     rows.append({"variant": "ppo", "seed": 3, "world": 0, "stopped": "retriever gone", "wall_s": 1.0})
     assert bench.report(rows, ["ppo", "ppo_async1"])[-1].startswith("worst run of ppo: stopped (seed 3, world 0")
+    assert bench.report(rows[-2:], ["ppo", "ppo_async1"])[-1] == "no run finished"
 
 
 def test_finished_cells_are_read_back(tmp_path):
