@@ -28,7 +28,10 @@ def tok():
 
 
 def _worker(tok, mode: str, monkeypatch) -> RolloutWorker:
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+    # what a Ray worker process gets; the Worker base class also sets the LOCAL_* / REDIS_* ones (restored after)
+    env = {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "LOCAL_WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "REDIS_STORE_SERVER_HOST": "127.0.0.1"}  # fmt: skip
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     cfg = RSearchConfig()
     cfg.trainer.placement, cfg.trainer.max_staleness, cfg.trainer.mid_trajectory_update = "split", 1, mode
