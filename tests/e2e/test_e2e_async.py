@@ -64,7 +64,7 @@ def test_staleness_zero_on_split_workers_is_the_synchronous_loop(tmp_path, toy_c
 
 
 @pytest.mark.slow
-def test_staleness_one_stays_in_bound_and_resume_loses_no_prompt(tmp_path, toy_cache):
+def test_staleness_one_stays_in_bound_and_resume_or_rollback_loses_no_prompt(tmp_path, toy_cache):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     steps = ["trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=0"]
     run_main("search_r1_grpo", whole, toy_cache, *ASYNC, *steps, "trainer.max_staleness=1")
