@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from rsearch_verl.trainer.health import STOP_EXIT_CODE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "ppo": ["+recipe=search_r1_ppo"],
@@ -52,7 +54,6 @@ VARIANTS = {
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 TARGET = 0.25  # held-out EM gain every run must reach
-STOPPED = 3  # the main job's exit code when its health checks stop the run (docs/health.md)
 
 
 def run_cell(variant: str, seed: int, world: int, args) -> dict:
@@ -69,7 +70,7 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     cell = {"variant": variant, "seed": seed, "world": world}
-    if proc.returncode == STOPPED:  # the run's own health checks ended it: an outcome, recorded; the grid goes on
+    if proc.returncode == STOP_EXIT_CODE:  # its own health checks ended the run: an outcome, recorded; the grid goes on
         with open(os.path.join(run_dir, "summary.json")) as f:
             reason = json.load(f)["health"]["stop"]["reason"]
         return {**cell, "stopped": reason, "wall_s": round(wall, 1)}
