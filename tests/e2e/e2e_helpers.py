@@ -40,10 +40,10 @@ def main_cmd(recipe: str, run_dir, toy_cache: str, *overrides: str) -> list[str]
     return [sys.executable, "-m", "rsearch_verl.main", *args, *overrides]
 
 
-def child_env() -> dict:
+def child_env(extra: dict | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    return env
+    return {**env, **(extra or {})}
 
 
 def run_main(
@@ -52,7 +52,7 @@ def run_main(
     done = subprocess.run(
         main_cmd(recipe, run_dir, toy_cache, *overrides),
         cwd=ROOT,
-        env={**child_env(), **(env or {})},
+        env=child_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,

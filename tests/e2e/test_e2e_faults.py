@@ -99,7 +99,7 @@ def _start(run_dir, toy_cache: str, policy: str, *overrides: str, env: dict | No
     log = open(os.path.join(str(run_dir) + ".log"), "w")  # noqa: SIM115 - closed with the process by the OS
     os.makedirs(run_dir, exist_ok=True)
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**child_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd, cwd=ROOT, env=child_env(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     _STARTED.append(proc)
     return proc
