@@ -31,7 +31,18 @@ from rsearch_verl.trainer.retriever_service import RetrieverService
 
 logger = logging.getLogger(__name__)
 
-RAY_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+RAY_ENV = {"TOKENIZERS_PARALLELISM": "false"}  # the driver's value if it has one, else this
+# Passed to the workers only when the driver's environment sets them: forcing offline mode made a hub model the
+# driver had not cached unloadable on the workers; with neither set, workers load exactly as the driver does.
+INHERITED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The env_vars of the local Ray runtime env: RAY_ENV (driver values win) plus the INHERITED_ENV the driver has."""
+    environ = os.environ if environ is None else environ
+    env = {k: environ.get(k, v) for k, v in RAY_ENV.items()}
+    env.update({k: environ[k] for k in INHERITED_ENV if k in environ})
+    return env
 
 
 def init_ray(cfg: RSearchConfig) -> bool:
@@ -40,7 +51,7 @@ def init_ray(cfg: RSearchConfig) -> bool:
 
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": {k: os.environ.get(k, v) for k, v in RAY_ENV.items()}}
+    runtime_env = {"env_vars": worker_env_vars()}
     address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         # on a cluster the job's runtime env (launch/runtime_env.yaml) applies; a second one would conflict
