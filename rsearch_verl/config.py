@@ -115,6 +115,9 @@ class RolloutConfig(ConfigNode):
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
+    # a weight sync streams the actor's full tensors into the engine this many MiB at a time (verl's
+    # update_weights_bucket_megabytes): the sync's peak extra memory per process (docs/architecture.md)
+    update_weights_bucket_mb: int = 512
 
 
 @dataclass
@@ -430,6 +433,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
+    _check(cfg.rollout.update_weights_bucket_mb >= 1, "rollout.update_weights_bucket_mb", "must be >= 1")
     if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
         _check(cfg.rollout.n >= 2, "rollout.n", f"{cfg.algorithm.adv_estimator} needs a group of >= 2 samples")
     n_traj = cfg.data.train_batch_size * cfg.rollout.n

@@ -9,20 +9,27 @@ vLLM is imported only when `rollout.engine == "vllm"` (this package imports with
 from __future__ import annotations
 
 from rsearch_verl.config import RolloutConfig
-from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams
+from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams, Weights, iter_buckets
 
 
-def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu") -> RolloutEngine:
-    """The engine named by `rollout_cfg.engine`, holding (HF) or initialised from (vLLM) `model`'s weights."""
+def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None) -> RolloutEngine:
+    """The engine named by `rollout_cfg.engine`, holding (HF: `model` itself, cast to `dtype`) or initialised from
+    (vLLM: a copy in `dtype`) `model`'s weights; `dtype` None keeps model.dtype."""
     if rollout_cfg.engine == "hf":
         from rsearch_verl.rollout.engines.hf import HFEngine
 
-        return HFEngine(model, tokenizer, device=device, max_batch=max(1, rollout_cfg.max_concurrent_trajectories))
+        return HFEngine(
+            model if dtype is None else model.to(dtype),
+            tokenizer,
+            device=device,
+            max_batch=max(1, rollout_cfg.max_concurrent_trajectories),
+            bucket_mb=rollout_cfg.update_weights_bucket_mb,
+        )
     if rollout_cfg.engine == "vllm":
         from rsearch_verl.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine.from_model(rollout_cfg, model, tokenizer, device=device)
+        return VLLMEngine.from_model(rollout_cfg, model, tokenizer, device=device, dtype=dtype)
     raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}; known: hf, vllm")
 
 
-__all__ = ["GenerationResult", "RolloutEngine", "SamplingParams", "make_engine"]
+__all__ = ["GenerationResult", "RolloutEngine", "SamplingParams", "Weights", "iter_buckets", "make_engine"]

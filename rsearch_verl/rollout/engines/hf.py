@@ -12,11 +12,12 @@ batch to the end (finished rows still leave the cache early); benchmarks/rollout
 Models whose cache is not a plain DynamicCache (sliding-window layers) are never joined into: new requests wait
 until the running batch drains. Weight updates land between two decode steps (rsearch_verl/rollout/engines/
 batching.py); rows decoding across one keep their KV cache (computed by the older weights) and tag each token with
-the version that sampled it.
+the version that sampled it. The model lives in this engine on its device and stays there: `sleep` / `wake_up` only
+track the state (base.py), since the HF engine is the CPU path, where offloading would gain nothing.
 
     engine = HFEngine(model, tokenizer)
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
-    engine.load_weights(actor_state_dict, version=1)    # HF parameter names
+    engine.load_weights(actor_state_dict, version=1)    # HF parameter names (or a stream of (name, tensor) pairs)
     engine.close()
 
 Semantics (shared with the vLLM engine): the returned tokens end with the token that completes a stop string (or
@@ -104,10 +105,18 @@ class HFEngine(BatchingEngine):
     """A transformers CausalLM behind the RolloutEngine interface (batched KV-cache decoding, any device)."""
 
     def __init__(
-        self, model, tokenizer, device: str = "cpu", gather_ms: float = 3.0, max_batch: int = 64, continuous=True
+        self,
+        model,
+        tokenizer,
+        device: str = "cpu",
+        gather_ms: float = 3.0,
+        max_batch: int = 64,
+        continuous=True,
+        bucket_mb: float = 512,
     ):
         self.continuous = continuous  # join requests mid-decode (see module docstring); off: batch to the end
         self.model = model.to(device).eval()
+        self._own = self.model.state_dict()  # views of the parameters: what load_weights copies into, by HF name
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -116,11 +125,11 @@ class HFEngine(BatchingEngine):
         # decode steps, rows decoded (= tokens fed), key/value columns attended incl. padding, prefill forwards
         self.counters = {"decode_steps": 0, "decode_rows": 0, "decode_kv_cols": 0, "prefills": 0}
         self._token_text: dict[int, str] = {}  # token id -> its text alone (the stop-string pre-check)
-        super().__init__(gather_ms=gather_ms, max_batch=max_batch)
+        super().__init__(gather_ms=gather_ms, max_batch=max_batch, bucket_mb=bucket_mb)
 
     # ---- weights (BatchingEngine.load_weights parks them; they land between two decode steps) -------------------
     def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        own = self.model.state_dict()
+        own = self._own
         unknown = [k for k in state_dict if k not in own]
         if unknown:
             raise KeyError(f"load_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
@@ -129,10 +138,22 @@ class HFEngine(BatchingEngine):
         if missing:
             raise KeyError(f"load_weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
 
-    def apply_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        own = self.model.state_dict()
-        for name, tensor in state_dict.items():
-            own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+    def cast_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        own = self._own.get(name)
+        if own is None:
+            raise KeyError(f"load_weights: unknown parameter name {name!r}")
+        return tensor.detach().to(device=own.device, dtype=own.dtype)
+
+    def apply_weights(self, buckets) -> None:
+        loaded: set[str] = set()
+        for bucket in buckets:
+            for name, tensor in bucket:
+                self._own[name].copy_(tensor)
+                loaded.add(name)
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        missing = [k for k in self._own if k not in loaded and not (tied and k == "lm_head.weight")]
+        if missing:  # a stream is only checked once consumed: the version stays, the caller gets the error
+            raise KeyError(f"load_weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
 
     # ---- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
