@@ -1,0 +1,99 @@
+"""The GPU trainer groups carry each recipe's paper batch sizes; the CPU default keeps its small sizes.
+
+Every recipe x {3B instruct, 7B base} x {one 8-GPU node, two nodes} composes with rollout=vllm, validates, and gets
+its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml), not the model's or the trainer group's.
+
+    .venv/bin/python -m pytest -q tests/config/test_recipe_batch_sizes.py
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from rsearch_verl.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPES = sorted(os.path.basename(p)[: -len(".yaml")] for p in glob.glob(os.path.join(ROOT, "recipes/recipe/*.yaml")))
+
+# the papers' numbers: (prompts per step, rollout.n, trajectories per optimizer step, per-GPU micro-batch)
+SEARCH_R1_GRPO = (512, 5, 1280, 4)  # 512 prompts, mini-batch 256 prompts = 1280 trajectories
+PAPER_SIZES = {
+    "search_r1_ppo": (512, 1, 256, 4),
+    "search_r1_grpo": SEARCH_R1_GRPO,
+    "search_r1_drgrpo": SEARCH_R1_GRPO,
+    "search_r1_toolcall_grpo": SEARCH_R1_GRPO,
+    "research_grpo": (256, 5, 640, 4),
+    "r1_searcher_rpp": (64, 16, 256, 4),  # rollout batch 64 prompts x 16, train batch 256 samples
+    "r_search_grpo": (256, 5, 640, 4),
+    "r_search_ppo": (256, 1, 128, 4),
+    "r_search_dag_grpo": (8, 4, 32, 1),  # 1 per device x 4 accumulation steps on 8 GPUs, M = 4
+}
+GPU = ["rollout=vllm", "trainer=gpu_1x8"]
+
+
+def test_every_recipe_has_paper_sizes():
+    assert RECIPES and sorted(PAPER_SIZES) == RECIPES
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("model", ["qwen2_5_3b_instruct", "qwen2_5_7b_base"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_on_gpus_gets_its_paper_sizes(recipe, model, nodes):
+    cfg = load_config([f"+recipe={recipe}", f"model={model}", *GPU, f"trainer.nnodes={nodes}"])
+    assert cfg.world_size == 8 * nodes
+    prompts, n, mini, micro = PAPER_SIZES[recipe]
+    assert (cfg.data.train_batch_size, cfg.rollout.n) == (prompts, n)
+    assert (cfg.actor.ppo_mini_batch_size, cfg.actor.micro_batch_size) == (mini, micro)
+    if cfg.use_critic:
+        assert cfg.critic.ppo_mini_batch_size == mini
+    # padding-free training with flash-attention on GPU; the model group's learning rate survives
+    assert cfg.actor.use_remove_padding and cfg.critic.use_remove_padding
+    assert cfg.model.attn_implementation == "flash_attention_2" and cfg.model.dtype == "bfloat16"
+    assert cfg.actor.optim.lr == 1e-6
+
+
+def test_command_line_beats_the_recipe_sizes():
+    cfg = load_config(["+recipe=search_r1_grpo", *GPU, "data.train_batch_size=128", "actor.ppo_mini_batch_size=640"])
+    assert (cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size) == (128, 640)
+    sdpa = load_config(["+recipe=search_r1_ppo", *GPU, "model.attn_implementation=sdpa"])
+    assert sdpa.model.attn_implementation == "sdpa" and sdpa.actor.use_remove_padding
+
+
+@pytest.mark.parametrize("recipe", ["search_r1_grpo", "r1_searcher_rpp", "r_search_ppo"])
+def test_single_gpu_smoke_group(recipe):
+    cfg = load_config([f"+recipe={recipe}", "model=qwen2_5_3b_instruct", "rollout=vllm", "trainer=gpu_1x1"])
+    assert cfg.world_size == 1 and cfg.data.train_batch_size == 8 and cfg.trainer.total_steps == 5
+
+
+def test_split_placement_counts_the_training_gpus():
+    # split gives each node's rollout_gpus_per_node to the rollout; the papers' power-of-two sizes need 4 of 8 to train
+    split = [*GPU, "trainer.placement=split"]
+    cfg = load_config(["+recipe=search_r1_ppo", *split, "trainer.rollout_gpus_per_node=4", "trainer.nnodes=2"])
+    assert cfg.world_size == 8 and cfg.data.train_batch_size == 512
+    six = ["data.train_batch_size=480", "actor.ppo_mini_batch_size=240", "critic.ppo_mini_batch_size=240"]
+    cfg = load_config(["+recipe=search_r1_ppo", *split, "trainer.rollout_gpus_per_node=2", *six])
+    assert cfg.world_size == 6  # the docs/cluster.md example for 2 rollout GPUs per node
+
+
+# data.train_batch_size, actor/critic ppo_mini_batch_size and micro_batch_size, read on main before the GPU groups
+# carried sizes: the toy world's 16 prompts, verl-style mini-batches of 4 trajectories, micro-batches of 2
+CPU_SIZES = (16, 4, 2, 4, 2)
+
+
+@pytest.mark.parametrize("trainer", ["cpu", "cpu2"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cpu_keeps_its_small_sizes(recipe, trainer):
+    cfg = load_config([f"+recipe={recipe}", f"trainer={trainer}"])
+    got = (
+        cfg.data.train_batch_size,
+        cfg.actor.ppo_mini_batch_size,
+        cfg.actor.micro_batch_size,
+        cfg.critic.ppo_mini_batch_size,
+        cfg.critic.micro_batch_size,
+    )
+    assert got == CPU_SIZES
+    assert (cfg.trainer.device, cfg.trainer.total_steps, cfg.model.path) == ("cpu", 20, "tiny")
+    assert not cfg.actor.use_remove_padding and cfg.model.attn_implementation is None
