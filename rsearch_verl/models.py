@@ -14,7 +14,8 @@ tokenizer conversion gets SmolLM2's EOS wrong: `<|im_start|>` instead of `<|im_e
 Usage:
     tok = load_tokenizer(cfg.model)
     tok = policy_tokenizer(cfg)          # + the recipe's protocol's special tokens (what training uses)
-    model = load_model(cfg.model, tok)   # torch.nn.Module (transformers CausalLM), float32 on CPU
+    model = load_model(cfg.model, tok)   # torch.nn.Module (transformers CausalLM) in model.dtype
+    master = load_model(cfg.model, tok, dtype=torch.float32)   # a training model's float32 masters (workers/fsdp.py)
 """
 
 from __future__ import annotations
@@ -223,11 +224,13 @@ def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtyp
     return model.to(dtype)
 
 
-def load_model(model_cfg, tokenizer, seed: int = 0):
-    """The policy / reference / critic backbone as a transformers CausalLM (not yet sharded)."""
+def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = None):
+    """The policy / reference / critic backbone as a transformers CausalLM (not yet sharded), in `dtype` (None:
+    `model.dtype`, what inference and the export use; training workers load float32 masters, so a bf16 checkpoint
+    is read exactly and an fp32 one is not rounded before training)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, model_cfg.dtype)
+    dtype = dtype or getattr(torch, model_cfg.dtype)
     source = model_cfg.sft_checkpoint or model_cfg.path
     if source == "auto":
         raise ValueError(

@@ -35,6 +35,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
+from rsearch_verl.models import load_model, policy_tokenizer
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -44,7 +45,7 @@ from rsearch_verl.workers.forward import (
     world_size,
 )
 from rsearch_verl.workers.packing import micro_batches, restore_order
-from rsearch_verl.workers.rollout import RolloutRunner, build_policy
+from rsearch_verl.workers.rollout import RolloutRunner
 from rsearch_verl.workers.varlen_attention import configure_attention
 
 logger = logging.getLogger(__name__)
@@ -63,11 +64,16 @@ class ActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         cfg = self.cfg
-        self.device = fsdp.init_distributed(cfg.trainer.device)
+        self.device = fsdp.init_distributed(cfg.trainer.device, cfg.trainer.nccl_timeout_s)
+        self.dtype = fsdp.compute_dtype(cfg.model)
         torch.manual_seed(cfg.seed)
-        self.tokenizer, model = build_policy(cfg)  # seeded: every rank starts from the same weights
-        if self.with_rollout:  # the engine copies the plain base model (LoRA weights reach it merged)
-            self.rollout = RolloutRunner(cfg, model, self.tokenizer, self.device)
+        self.tokenizer = policy_tokenizer(cfg)
+        # float32 masters (workers/fsdp.py), seeded: every rank starts from the same weights
+        model = load_model(cfg.model, self.tokenizer, seed=cfg.seed, dtype=fsdp.MASTER_DTYPE)
+        if self.with_rollout:  # the engine copies the plain base model in the compute dtype (LoRA reaches it merged)
+            engine_model = copy.deepcopy(model).to(self.dtype)
+            self.rollout = RolloutRunner(cfg, engine_model, self.tokenizer, self.device)
+            del engine_model  # the runner holds its own copy
         configure_attention(model, cfg.model, cfg.actor.use_remove_padding)
         self.use_lora = lora.lora_enabled(cfg.model)
         if self.use_lora:  # the reference is this model with its adapters disabled: no copy
@@ -75,11 +81,11 @@ class ActorWorker(Worker):
         elif cfg.use_ref:
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
-            self.ref = fsdp.shard_model(ref, self.device)
-        self.model = fsdp.shard_model(model, self.device)
+            self.ref = fsdp.shard_model(ref, self.device, self.dtype)
+        self.model = fsdp.shard_model(model, self.device, self.dtype)
         self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
         if cfg.actor.use_remove_padding:
-            check_remove_padding(self.model, self.device, len(self.tokenizer))
+            check_remove_padding(self.model, self.device, len(self.tokenizer), dtype=self.dtype)
 
     # ------------------------------------------------------------------ forward passes
     def _micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
@@ -91,8 +97,10 @@ class ActorWorker(Worker):
     def _log_probs(self, model, data: DataProto) -> torch.Tensor:
         model.eval()
         micros, order = self._micro_batches(data)
-        rmpad = self.cfg.actor.use_remove_padding
-        out = [response_log_probs(model, m, self.device, remove_padding=rmpad)[0].cpu() for m in micros]
+        rmpad, chunk = self.cfg.actor.use_remove_padding, self.cfg.actor.logprob_chunk_size
+        out = [
+            response_log_probs(model, m, self.device, remove_padding=rmpad, chunk_size=chunk)[0].cpu() for m in micros
+        ]
         return restore_order(torch.cat(out), order)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -137,8 +145,14 @@ class ActorWorker(Worker):
         for micro in self._micro_batches(minibatch)[0]:
             t = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = t["loss_mask"]
-            with_entropy, rmpad = cfg.entropy_coeff != 0, cfg.use_remove_padding
-            log_prob, entropy = response_log_probs(self.model, micro, self.device, with_entropy, remove_padding=rmpad)
+            log_prob, entropy = response_log_probs(
+                self.model,
+                micro,
+                self.device,
+                with_entropy=cfg.entropy_coeff != 0,
+                remove_padding=cfg.use_remove_padding,
+                chunk_size=cfg.logprob_chunk_size,
+            )
             loss, m = policy_loss(
                 old_log_prob=t["old_log_probs"],
                 log_prob=log_prob,
@@ -189,9 +203,13 @@ class ActorWorker(Worker):
         return self.rollout.generate(prompts)
 
     def _base_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(the base model's names and weights, LoRA merged in; the raw gathered state). Collective."""
+        """(the base model's names and weights, LoRA merged in, in the compute dtype: what engines and the HF export
+        take; the raw gathered state, float32 masters). Collective."""
         state = fsdp.full_state_dict(self.model)
-        return (lora.merged_state_dict(self.model, state) if self.use_lora else state), state
+        if not self.use_lora:  # cast in place: the float32 copy is not kept beside the compute-dtype one
+            state = fsdp.cast_floating(state, self.dtype)
+            return state, state
+        return fsdp.cast_floating(lora.merged_state_dict(self.model, state), self.dtype), state
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self, version: int | None = None):
@@ -225,10 +243,8 @@ class ActorWorker(Worker):
 
 
 def _export_hf(cfg, tokenizer, state: dict[str, torch.Tensor], out_dir: str) -> None:
-    """Write `state` as a HF model directory (safetensors + config + tokenizer)."""
-    from rsearch_verl.models import load_model
-
-    model = load_model(cfg.model, tokenizer, seed=cfg.seed)
+    """Write `state` as a HF model directory (safetensors + config + tokenizer) in model.dtype."""
+    model = load_model(cfg.model, tokenizer, seed=cfg.seed)  # model.dtype: load_state_dict casts into it
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"HF export: state dict mismatch (missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -3,7 +3,8 @@ sharded with FSDP2, on `verl.single_controller` like the actor.
 
 Methods (DP_COMPUTE_PROTO splits the batch over ranks):
     init_model()                 backbone from the same weights as the policy (as in Search-R1), head zero-init;
-                                 with LoRA (model.lora_rank > 0) the backbone is frozen and carries its own adapters
+                                 with LoRA (model.lora_rank > 0) the backbone is frozen and carries its own adapters;
+                                 float32 masters (value head included), forward / backward in model.dtype
     compute_values(batch)        -> values [B, R]: V(state before each response token)
     update_critic(batch)         clipped value loss on the batch's loss_mask; meta_info["metrics"] (critic/*)
     save_checkpoint(dir) / load_checkpoint(dir)
@@ -21,6 +22,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
+from rsearch_verl.models import load_model, policy_tokenizer
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -30,7 +32,6 @@ from rsearch_verl.workers.forward import (
     world_size,
 )
 from rsearch_verl.workers.packing import micro_batches, restore_order
-from rsearch_verl.workers.rollout import build_policy
 from rsearch_verl.workers.varlen_attention import configure_attention
 
 logger = logging.getLogger(__name__)
@@ -63,16 +64,20 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         cfg = self.cfg
-        self.device = fsdp.init_distributed(cfg.trainer.device)
+        self.device = fsdp.init_distributed(cfg.trainer.device, cfg.trainer.nccl_timeout_s)
+        dtype = fsdp.compute_dtype(cfg.model)
         torch.manual_seed(cfg.seed)
-        tokenizer, lm = build_policy(cfg)
+        tokenizer = policy_tokenizer(cfg)
+        lm = load_model(cfg.model, tokenizer, seed=cfg.seed, dtype=fsdp.MASTER_DTYPE)
         configure_attention(lm, cfg.model, cfg.critic.use_remove_padding)
         if lora.lora_enabled(cfg.model):  # the critic's own adapters on a frozen backbone; the value head trains fully
             lm = lora.add_lora(lm, cfg.model).get_base_model()
-        self.model = fsdp.shard_model(ValueModel(lm), self.device)
+        # the value head joins the backbone's float32 master tree; FSDP runs both in `dtype` (values come back
+        # float32 from forward.response_values, for the loss)
+        self.model = fsdp.shard_model(ValueModel(lm), self.device, dtype)
         self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.critic.optim, total_steps=cfg.trainer.total_steps)
         if cfg.critic.use_remove_padding:
-            check_remove_padding(self.model, self.device, len(tokenizer), values=True)
+            check_remove_padding(self.model, self.device, len(tokenizer), values=True, dtype=dtype)
 
     def _micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
         cfg = self.cfg.critic

@@ -1,18 +1,24 @@
-"""FSDP2 plumbing shared by the actor, critic and rollout workers: process group, sharding, optimizer, LR
-schedule, gradient clipping, full state-dict gather (checkpoints: sharded_checkpoint.py).
+"""FSDP2 plumbing shared by the actor, critic and rollout workers: process group, sharding with mixed precision,
+optimizer, LR schedule, gradient clipping, full state-dict gather (checkpoints: sharded_checkpoint.py).
 
 The same code runs on CPU (gloo) and GPU (NCCL); only the backend and device differ. verl's `RayWorkerGroup`
 sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT for every worker, so `init_distributed` only reads them.
 
+Mixed precision as verl's FSDP2 engine does it (docs/architecture.md): the sharded parameters and the AdamW state
+are float32 masters; `model.dtype` is only the compute dtype FSDP casts the gathered parameters to for forward and
+backward; gradients are reduced in float32. A bfloat16 master would swallow small updates (lr 1e-6 x Adam's unit
+step is far below bf16's spacing of ~1e-4 at |w| ~ 0.02).
+
 Usage (inside a worker process):
-    device = init_distributed(cfg.trainer.device)
-    model = shard_model(load_model(cfg.model, tok, seed=cfg.seed), device)
+    device = init_distributed(cfg.trainer.device, cfg.trainer.nccl_timeout_s)
+    model = shard_model(load_model(cfg.model, tok, seed=cfg.seed, dtype=MASTER_DTYPE), device, compute_dtype(cfg.model))
     optim, sched = build_optimizer(model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
     ...
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import os
@@ -23,36 +29,77 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 logger = logging.getLogger(__name__)
 
 
-def init_distributed(device: str) -> torch.device:
-    """Join the worker group's process group (gloo on CPU, NCCL on CUDA) once; return this rank's device."""
-    if device == "cuda":
-        # Ray gives each worker one visible GPU, so the local device is always index 0
-        torch.cuda.set_device(0)
-        dev = torch.device("cuda", 0)
-    else:
-        dev = torch.device("cpu")
+MASTER_DTYPE = torch.float32  # what training models (actor, reference, critic) hold and AdamW updates
+
+
+def compute_dtype(model_cfg) -> torch.dtype:
+    """`model.dtype` as a torch dtype: the forward / backward dtype of training models, the rollout engine's dtype."""
+    return getattr(torch, model_cfg.dtype)
+
+
+def local_device(device: str) -> torch.device:
+    """This process's device: the CPU, or its accelerator the way verl's workers find it. Ray narrows
+    CUDA_VISIBLE_DEVICES to the worker's own GPU (index 0 is then the only one); where it does not (verl's
+    RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES, or torchrun), LOCAL_RANK names the device."""
+    if device == "cpu":
+        return torch.device("cpu")
+    from verl.utils.device import get_device_name, get_torch_device
+
+    name, module = get_device_name(), get_torch_device()
+    count = module.device_count()
+    if count == 0:
+        raise RuntimeError(
+            f"trainer.device={device}: this process sees no accelerator (CUDA_VISIBLE_DEVICES is empty?)"
+        )
+    index = 0 if count == 1 else int(os.environ.get("LOCAL_RANK", "0"))
+    if index >= count:
+        raise RuntimeError(f"LOCAL_RANK={index} but this process sees only {count} {name} devices")
+    module.set_device(index)
+    return torch.device(name, index)
+
+
+def init_distributed(device: str, timeout_s: float = 1800.0) -> torch.device:
+    """Join the worker group's process group once (gloo on CPU; on an accelerator verl's pair: gloo for CPU tensors,
+    NCCL for device tensors) with an explicit collective timeout; return this rank's device."""
+    dev = local_device(device)
     if not dist.is_initialized():
-        backend = "nccl" if device == "cuda" else "gloo"
+        if device == "cpu":
+            backend = "gloo"
+        else:
+            from verl.utils.device import get_nccl_backend
+
+            backend = f"cpu:gloo,{dev.type}:{get_nccl_backend()}"
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
-        logger.info("process group %s rank %d/%d", backend, rank, world)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
+        logger.info("process group %s rank %d/%d on %s (timeout %.0f s)", backend, rank, world, dev, timeout_s)
     return dev
 
 
-def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """FSDP2: one `fully_shard` unit per decoder layer, then the root (embeddings, norm, tied head, value head)."""
-    model = model.to(device)
+def mixed_precision(dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """verl's FSDP2 policy: gather parameters in `dtype`, reduce gradients in float32, cast floating inputs. For a
+    float32 compute dtype there is nothing to cast (and no second copy of the parameters)."""
+    if dtype == MASTER_DTYPE:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype = MASTER_DTYPE) -> torch.nn.Module:
+    """FSDP2: one `fully_shard` unit per decoder layer, then the root (embeddings, norm, tied head, value head).
+    The parameters become float32 masters whatever they were loaded in; `dtype` is the compute dtype."""
+    model = model.to(device=device, dtype=MASTER_DTYPE)
+    policy = mixed_precision(dtype)
     for layer in _decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 
@@ -65,9 +112,19 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Gather the full (unsharded) parameters on every rank, on CPU. Collective: every rank must call it."""
+    """Gather the full (unsharded) parameters on every rank, on CPU (the float32 masters). Collective: every rank
+    must call it."""
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {k: v.detach().cpu() for k, v in sd.items()}
+
+
+def cast_floating(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`state` with its floating tensors in `dtype`, in place (each master is freed as its copy is made), so an
+    engine or an export gets the compute dtype without holding both copies of the whole model."""
+    for key, value in state.items():
+        if value.is_floating_point() and value.dtype != dtype:
+            state[key] = value.to(dtype)
+    return state
 
 
 def _lr_lambda(warmup: int, total: int, kind: str, min_ratio: float):
