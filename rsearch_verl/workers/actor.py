@@ -13,7 +13,7 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
     update_actor(batch)                PPO epochs over mini-batches (each token's loss weighed by `is_weights` when the
                                        batch has them); meta_info["metrics"] (actor/*)
     generate_sequences(prompts)        the search-aware rollout on this rank's prompts (colocated only)
-    sync_rollout_weights(version)      full state dict -> this process's engine, as policy `version` (colocated only)
+    sync_rollout_weights(version)      weights streamed (bucketed) into this process's engine as `version` (colocated)
     full_state_dict()                  the gathered weights (split placement: the driver ships them)
     save_checkpoint(dir) / load_checkpoint(dir)   reshardable (DCP) model + optimizer, scheduler, RNG; dir/hf export
     set_lr_scale(scale)                lr = actor.optim.lr x scale from now on (the health watchdog's rollback)
@@ -200,7 +200,7 @@ class ActorWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.rollout is None:
             raise RuntimeError("generate_sequences: this actor has no rollout engine (trainer.placement=split)")
-        return self.rollout.generate(prompts)
+        return self.rollout.generate(prompts, restore=self._rollout_weights)  # the engine sleeps after the batch
 
     def _base_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(the base model's names and weights, LoRA merged in, in the compute dtype: what engines and the HF export
@@ -213,9 +213,24 @@ class ActorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self, version: int | None = None):
-        state, _ = self._base_state_dict()  # collective: every rank gathers, each feeds its own engine
-        if self.rollout is not None:
-            self.rollout.load_weights(state, version)
+        """Stream the policy into this process's engine as `version`: one gathered parameter at a time, loaded bucket
+        by bucket (rollout.update_weights_bucket_mb), so no rank holds a full state dict (LoRA still gathers one to
+        merge). The engine wakes its weights first and its KV cache after (RolloutRunner.load_weights). Collective."""
+        if self.rollout is not None:  # every rank has an engine or none: the collectives match
+            self.rollout.load_weights(self._rollout_weights(), version)
+
+    def _rollout_weights(self):
+        """(name, full tensor) pairs under the base model's names, gathered lazily one parameter at a time as verl's
+        FSDP engine does (`get_per_tensor_param`): every rank must consume all of them, in the same order."""
+        if self.use_lora:
+            return iter(self._base_state_dict()[0].items())
+        from torch.distributed.tensor import DTensor
+        from verl.utils.model import convert_weight_keys
+
+        # references to the local shards: nothing gathered yet. A tied weight is gathered under each of its names:
+        # vLLM loads lm_head.weight into a head of its own (measured: without it the head keeps its old weights)
+        state = convert_weight_keys(self.model.state_dict(), self.model)
+        return ((k, v.full_tensor() if isinstance(v, DTensor) else v) for k, v in state.items())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:

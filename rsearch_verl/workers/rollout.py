@@ -1,8 +1,9 @@
 """The rollout side of a worker: an inference engine (HF or vLLM) plus the search-aware agent loop.
 
 `RolloutRunner` is plain Python: the colocated actor worker (rsearch_verl/workers/actor.py) owns one next to its
-FSDP model and refreshes it with `load_weights` after every update; in the split placement `RolloutWorker` is a
-Ray worker of its own that receives the actor's full state dict from the driver.
+FSDP model, streams the updated weights into it after every update (`load_weights`, bucket by bucket) and lets it
+sleep while it trains (`generate(prompts, restore=...)`); in the split placement `RolloutWorker` is a Ray worker of
+its own that receives the actor's full state dict from the driver.
 
 `RolloutWorker` is a threaded Ray actor, so weights can arrive while it generates (asynchronous training,
 trainer.max_staleness >= 1): with trainer.mid_trajectory_update=continue they go to the engine at once and land
@@ -24,6 +25,7 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 from verl import DataProto
@@ -31,24 +33,41 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf
+from rsearch_verl.rollout.engines.base import Weights
 
 logger = logging.getLogger(__name__)
 
 
 class RolloutRunner:
+    """The engine and the agent loop of one process. Colocated, the actor passes `restore` to `generate`: the engine
+    wakes for the batch and sleeps after it (level 2: weights and KV cache freed while the actor trains), and the
+    sync wakes it in verl's order: weights, load, KV cache. A batch that comes before the next sync (validation, then
+    the next step's rollout) gets the weights back from `restore()` first."""
+
+    SLEEP_LEVEL = 2  # verl's level for full-weight sync: the weights are resent anyway (rollout/engines/vllm.py)
+
     def __init__(self, cfg: RSearchConfig, model: torch.nn.Module, tokenizer, device: torch.device):
         from rsearch_verl.rollout.engines import make_engine
         from rsearch_verl.rollout.protocols import get_protocol
 
         self.cfg, self.tokenizer = cfg, tokenizer
         self.protocol = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-        # the engine owns its own copy: the FSDP model's parameters are sharded DTensors
-        self.engine = make_engine(cfg.rollout, copy.deepcopy(model), tokenizer, device=str(device.type))
+        # HF: the engine owns its own copy (the FSDP model's parameters become sharded DTensors); vLLM only reads
+        # `model` to start (dummy weights, then these streamed in), so no copy
+        engine_model = copy.deepcopy(model) if cfg.rollout.engine == "hf" else model
+        dtype = getattr(torch, cfg.model.dtype)  # the compute dtype, whatever precision the actor's masters keep
+        self.engine = make_engine(cfg.rollout, engine_model, tokenizer, device=str(device.type), dtype=dtype)
 
-    def generate(self, prompts: DataProto) -> DataProto:
+    def generate(self, prompts: DataProto, restore: Callable[[], Weights] | None = None) -> DataProto:
+        """The rollout of `prompts`. `restore` (colocated): returns the policy's weights (may be a collective: every
+        rank's engine is in the same state, so all ranks call it together); the engine sleeps after the batch."""
         from rsearch_verl.rollout.agent_loop import generate_batch
 
-        return generate_batch(
+        if restore is not None:
+            if self.engine.weights_lost:  # slept since the last sync: bring the same version back
+                self.load_weights(restore(), self.engine.version)
+            self.engine.wake_up()
+        out = generate_batch(
             self.engine,
             self.tokenizer,
             prompts,
@@ -57,9 +76,16 @@ class RolloutRunner:
             pad_prompt_to=self.cfg.data.max_prompt_length,
             pad_response_to=self.cfg.rollout.max_response_length,
         )
+        if restore is not None:
+            self.engine.sleep(self.SLEEP_LEVEL)  # the actor's turn: log-probs and the update
+        return out
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
-        self.engine.load_weights(state_dict, version)
+    def load_weights(self, weights: Weights, version: int | None = None) -> None:
+        """Weights in, verl's order: their memory back, the weights (bucket by bucket), then the KV cache, so the
+        sync's temporary buffers never coexist with the KV cache. No-op wakes when the engine is awake."""
+        self.engine.wake_up(["weights"])
+        self.engine.load_weights(weights, version)
+        self.engine.wake_up(["kv_cache"])
 
     @property
     def version(self) -> int:
