@@ -1,4 +1,4 @@
-"""Chunked log-probs (rsearch_verl/workers/forward.py `chunked_log_probs`): the same values and gradients as the
+"""Chunked log-probs (rsearch_verl/workers/logprobs.py `chunked_log_probs`): the same values and gradients as the
 unchunked computation, whatever the chunking, and a backward graph that holds no float32 full-vocabulary tensor.
 
 - float32: every chunk size (one position, blocks splitting a row, blocks of several rows, one block) gives log-probs,
@@ -20,7 +20,8 @@ from verl.utils.torch_functional import entropy_from_logits
 
 from rsearch_verl.config import TinyModelConfig
 from rsearch_verl.models import build_tiny_qwen2
-from rsearch_verl.workers.forward import chunked_log_probs, response_log_probs
+from rsearch_verl.workers.forward import response_log_probs
+from rsearch_verl.workers.logprobs import chunked_log_probs
 
 V = 97
 CHUNKS = [1, 3, 7, 8, 40, 10_000]  # 7 = one row of a [B, 7] grid; 40: several rows per block; 10_000: one block
