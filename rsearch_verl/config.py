@@ -338,6 +338,8 @@ class TrainerConfig(ConfigNode):
     n_workers: int = 1  # cpu: FSDP ranks of the actor (and of the critic)
     nccl_timeout_s: float = 1800.0  # the worker process groups' collective timeout (NCCL on GPU, gloo on CPU)
     placement: str = "colocate"  # colocate: actor+ref+rollout (+critic) share processes; split: own pools
+    rollout_gpus_per_node: int = 0  # cuda + split: GPUs of each node for the rollout pool (the rest train), >= 1
+    placement_timeout_s: float = 60.0  # how long to wait for the cluster to grant the pools before erroring
     ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
     ray_num_cpus: int | None = None
     # cross-step asynchronous training (docs/async_training.md): 0 = generate, then train (synchronous); k >= 1 =
@@ -395,9 +397,12 @@ class RSearchConfig(ConfigNode):
 
     @property
     def world_size(self) -> int:
-        if self.trainer.device == "cuda":
-            return self.trainer.nnodes * self.trainer.n_gpus_per_node
-        return self.trainer.n_workers
+        """FSDP ranks of the actor (and critic): the training GPUs only (split: the rollout's are not counted)."""
+        tr = self.trainer
+        if tr.device == "cuda":
+            rollout = tr.rollout_gpus_per_node if tr.placement == "split" else 0
+            return tr.nnodes * (tr.n_gpus_per_node - rollout)
+        return tr.n_workers
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -438,6 +443,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     if cfg.algorithm.adv_estimator == "gae":
         _check(cfg.use_critic, "critic.enable", "PPO with GAE advantages needs a critic (critic.enable=false)")
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
+    _validate_placement(cfg.trainer)
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
     _one_of(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")  # float16 would need loss scaling
@@ -499,6 +505,20 @@ def _validate_warm_start(ws: WarmStartConfig) -> None:
         _check(getattr(ws, name) >= 1, f"warm_start.{name}", "must be >= 1")
     _check(ws.mix_epochs >= 0 and ws.min_searched >= 0, "warm_start.mix_epochs / min_searched", "must be >= 0")
     _check(ws.copy_lr > 0 and ws.mix_lr > 0, "warm_start.copy_lr / mix_lr", "must be > 0")
+
+
+def _validate_placement(tr: TrainerConfig) -> None:
+    """cuda + split: each node's GPUs divide into the rollout pool and the training pool, each >= 1."""
+    _check(tr.nnodes >= 1, "trainer.nnodes", "must be >= 1")
+    _check(tr.placement_timeout_s > 0, "trainer.placement_timeout_s", "must be > 0")
+    if tr.device != "cuda" or tr.placement != "split":
+        return
+    _check(
+        1 <= tr.rollout_gpus_per_node < tr.n_gpus_per_node,
+        "trainer.rollout_gpus_per_node",
+        f"{tr.rollout_gpus_per_node} with trainer.n_gpus_per_node={tr.n_gpus_per_node}: trainer.placement=split needs "
+        ">= 1 rollout GPU and >= 1 training GPU per node (e.g. 2 of 8: 6 train, 2 generate)",
+    )
 
 
 def _validate_async(cfg: RSearchConfig) -> None:

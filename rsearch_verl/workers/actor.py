@@ -14,7 +14,7 @@ Methods (called by the driver through a `RayWorkerGroup`; DP_COMPUTE_PROTO split
                                        batch has them); meta_info["metrics"] (actor/*)
     generate_sequences(prompts)        the search-aware rollout on this rank's prompts (colocated only)
     sync_rollout_weights(version)      weights streamed (bucketed) into this process's engine as `version` (colocated)
-    full_state_dict()                  the gathered weights (split placement: the driver ships them)
+    full_state_dict(as_ref)            the gathered weights, rank 0 only (split: a ref rank 0 put in the object store)
     save_checkpoint(dir) / load_checkpoint(dir)   reshardable (DCP) model + optimizer, scheduler, RNG; dir/hf export
     set_lr_scale(scale)                lr = actor.optim.lr x scale from now on (the health watchdog's rollback)
 
@@ -233,9 +233,22 @@ class ActorWorker(Worker):
         return ((k, v.full_tensor() if isinstance(v, DTensor) else v) for k, v in state.items())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under the base model's names (LoRA merged): what a rollout engine loads."""
-        return self._base_state_dict()[0]
+    def full_state_dict(self, as_ref: bool = False):
+        """The policy's weights under the base model's names (LoRA merged): what a rollout engine loads. Collective:
+        every rank takes part in the gather, only rank 0 returns them (the others None), so one copy leaves the
+        group. `as_ref`: rank 0 puts them in the object store itself and returns a `placement.WeightsRef`, so the
+        state dict never travels through the driver (split placement's weight sync)."""
+        state = self._base_state_dict()[0]
+        if self.rank != 0:
+            return None
+        if not as_ref:
+            return state
+        import ray
+
+        from rsearch_verl.workers.placement import WeightsRef
+
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        return WeightsRef(ray.put(state), nbytes=nbytes, n_tensors=len(state))
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -1,26 +1,54 @@
-"""Placement of the worker groups on Ray: resource pools (placement groups) sized from the config, and the
-`WorkerGroups` handle the training loop drives.
+"""Placement of the worker groups on Ray: resource pools (placement groups) sized from the config, a check that the
+cluster can hold them, and the `WorkerGroups` handle the training loop drives.
 
 Placements (`trainer.placement`):
-    colocate  one pool of `world_size` bundles; each process holds the FSDP actor, its reference copy and a rollout
-              engine (verl's hybrid engine layout); the critic group, when PPO needs one, shares the same bundles.
-    split     the same actor (+critic) pool, plus a second pool of rollout-only workers that get the actor's
-              weights through the driver after every update.
+    colocate  one pool of `world_size` bundles (one GPU each on CUDA); each process holds the FSDP actor, its reference
+              copy and a rollout engine (verl's hybrid engine layout). PPO's critic is a second worker group on the
+              same bundles: the pool is built with verl's `max_colocate_count=2`, so verl's `RayWorkerGroup` gives
+              every worker of either group `num_gpus=0.5` and actor rank r and critic rank r share GPU r. GRPO (no
+              critic) uses `max_colocate_count=1`: one whole GPU per actor process.
+    split     CUDA: each node's GPUs divide into `n_gpus_per_node - rollout_gpus_per_node` for the actor (+critic,
+              shared as above) and `trainer.rollout_gpus_per_node` for rollout-only workers (one whole GPU each);
+              e.g. 6 train + 2 generate on an 8-GPU node. CPU: a second pool of `trainer.n_workers` rollout workers.
 
-World size: `trainer.nnodes * trainer.n_gpus_per_node` on CUDA, `trainer.n_workers` on CPU. Pools use
-`max_colocate_count=1`: verl's default asks for 10 CPUs per bundle and would hang a 2-core Ray.
+Why two worker groups on shared bundles and not verl's fused class (`create_colocated_worker_cls`): the fused class
+is generated at run time (a `WorkerDict` whose methods are renamed per role), which hides the worker boundary the
+training loop calls; two plain groups keep `groups.actor.update_actor` / `groups.critic.update_critic` explicit. The
+cost is a second CUDA context per GPU (~0.5 GB); both groups run one at a time, so they never compete for compute.
+
+Fail fast: before any worker starts, `check_cluster` fits every pool's placement groups (one per node, STRICT_PACK,
+verl's bundle shape `{"CPU": max_colocate_count, "GPU": 1}`) into the alive nodes' resources, and raises
+`PlacementError` naming the config keys and what the cluster has. Then we create the placement groups ourselves and
+wait at most `trainer.placement_timeout_s` (default 60) for them — verl's `RayResourcePool.get_placement_groups`
+would wait with `ray.get(pg.ready())` and no timeout, hanging silently on a busy cluster — and hand them to verl
+through the pool's `pgs` (verl returns the cached groups, as its own `merge_resource_pool` does).
+
+Weight sync, split placement: every actor rank takes part in the FSDP all-gather, but only rank 0 returns anything:
+it `ray.put`s the state dict itself and returns a small `WeightsRef`, which the driver hands to every rollout worker,
+so one copy enters the object store and none passes through the driver (`sync/bytes` = one copy of the parameters;
+before, world_size copies came back to the driver and one more was put). On GPUs a broadcast would skip the object
+store: verl's `checkpoint_engine/nccl_checkpoint_engine.py` joins actor rank 0 (optionally more senders, as relays)
+and the rollout workers in one NCCL group (ray.util.collective) and streams the weights in fixed-size buckets through
+two GPU buffers (2 x bucket_size of device memory; bucket metadata over ZeroMQ), filling the next bucket while the
+previous one is broadcast: no CPU copy, no whole-model buffer, GPU-to-GPU bandwidth.
+
+World size: `RSearchConfig.world_size` (the training ranks). CPU pools keep `max_colocate_count=1` (verl's default
+of 10 asks for 10 CPUs per bundle and would hang a 2-core Ray); the CPU workers ask for no CPU of their own, so the
+critic shares the actor's bundles there.
 
 Usage (rsearch_verl/trainer/session.py):
-    groups = build_worker_groups(cfg)
+    groups = build_worker_groups(cfg)          # PlacementError within trainer.placement_timeout_s if it cannot fit
     out = groups.rollout.generate_sequences(prompts)
     pending = groups.rollout.submit(prompts); ...; out = pending.result()    # split: generation runs meanwhile
-    groups.actor.update_actor(batch); groups.sync_rollout_weights(version=step)
+    groups.actor.update_actor(batch); groups.sync_rollout_weights(version=step)   # -> {"sync/bytes": ...}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from typing import Any
 
 import numpy as np
 from verl import DataProto
@@ -81,6 +109,15 @@ class PendingRollout:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightsRef:
+    """Actor rank 0's gathered weights, put in the object store by rank 0 itself: the one copy a weight sync moves."""
+
+    ref: Any  # ray.ObjectRef of dict[str, torch.Tensor] (base model names, LoRA merged)
+    nbytes: int  # sum of numel x element_size over the tensors
+    n_tensors: int
+
+
 @dataclasses.dataclass
 class WorkerGroups:
     actor: RayWorkerGroup  # FSDP policy (+ reference copy, + rollout engine when colocated)
@@ -89,17 +126,27 @@ class WorkerGroups:
     rollout: RolloutGroup
     split_rollout: RayWorkerGroup | None = None
 
-    def sync_rollout_weights(self, version: int | None = None) -> None:
+    def sync_rollout_weights(self, version: int | None = None) -> dict[str, float]:
         """Push the actor's freshly updated weights into every rollout engine, as policy `version` (the actor's
-        step). Split placement: the driver ships one copy (ray.put) to every rollout worker; a worker that is
-        generating takes them between two decode steps (or after its batch: trainer.mid_trajectory_update)."""
+        step); returns {"sync/bytes": bytes put in the object store}. Colocated: each rank feeds its own engine
+        (0 bytes leave a process). Split: rank 0 puts one copy, every rollout worker reads it; a worker that is
+        generating takes it between two decode steps (or after its batch: trainer.mid_trajectory_update)."""
         if self.split_rollout is None:
             self.actor.sync_rollout_weights(version)
-            return
-        import ray
-
-        state = ray.put(self.actor.full_state_dict()[0])
-        self.split_rollout.load_weights(state, version)
+            return {"sync/bytes": 0.0}
+        handles = [h for h in self.actor.full_state_dict(as_ref=True) if h is not None]
+        if len(handles) != 1:
+            raise RuntimeError(f"weight sync: expected rank 0's weights only, got {len(handles)} copies")
+        weights = handles[0]
+        self.split_rollout.load_weights(weights.ref, version)  # a top-level ObjectRef: Ray resolves it per worker
+        logger.info(
+            "weight sync v%s: %d tensors, %.1f MB, one object-store copy for %d rollout workers",
+            version,
+            weights.n_tensors,
+            weights.nbytes / 2**20,
+            self.split_rollout.world_size,
+        )
+        return {"sync/bytes": float(weights.nbytes)}
 
     def rollout_idle_seconds(self) -> float | None:
         """Split placement: the rollout workers' mean idle seconds since start-up (None when colocated)."""
@@ -108,11 +155,150 @@ class WorkerGroups:
         return float(np.mean(self.split_rollout.idle_seconds()))
 
 
-def _pool(cfg: RSearchConfig, name: str) -> RayResourcePool:
-    if cfg.trainer.device == "cuda":
-        counts = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
-        return RayResourcePool(counts, use_gpu=True, max_colocate_count=1, name_prefix=name)
-    return RayResourcePool([cfg.trainer.n_workers], use_gpu=False, max_colocate_count=1, name_prefix=name)
+# ---------------------------------------------------------------------------------------------------- pools
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the worker pools the config asks for (raised before any worker starts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """One resource pool: `per_node[i]` bundles on node i, one placement group per node (STRICT_PACK)."""
+
+    name: str
+    per_node: tuple[int, ...]
+    use_gpu: bool
+    colocate: int  # verl's max_colocate_count: worker groups sharing each bundle; each gets 1 / colocate GPU
+    sized_by: str  # the config keys (with values) that size it, for error messages
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        # verl's bundle shape (RayResourcePool.get_placement_groups): a CPU per colocated process, and the GPU
+        return {"CPU": float(self.colocate), **({"GPU": 1.0} if self.use_gpu else {})}
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.per_node)
+
+    def describe(self) -> str:
+        share = f", {1 / self.colocate:g} GPU per worker" if self.use_gpu else ""
+        unit = "GPU" if self.use_gpu else "worker"
+        return f"{self.name}: {len(self.per_node)} node(s) x {self.per_node[0]} {unit}(s) ({self.sized_by}{share})"
+
+
+def pool_specs(cfg: RSearchConfig) -> dict[str, PoolSpec]:
+    """The pools the config needs: "actor" (actor+ref, +critic, +rollout engine when colocated), "rollout" (split)."""
+    tr = cfg.trainer
+    split = tr.placement == "split"
+    if tr.device != "cuda":  # CPU workers ask for no CPU of their own: the critic fits in the actor's bundles
+        workers = f"trainer.n_workers={tr.n_workers}"
+        specs = {"actor": PoolSpec("actor", (tr.n_workers,), False, 1, workers)}
+        if split:
+            specs["rollout"] = PoolSpec("rollout", (tr.n_workers,), False, 1, workers)
+        return specs
+    # the critic is a second group on the actor's bundles: two groups per GPU, half a GPU per worker
+    colocate = 2 if cfg.use_critic else 1
+    nodes, per_node = f"trainer.nnodes={tr.nnodes}", f"trainer.n_gpus_per_node={tr.n_gpus_per_node}"
+    if not split:
+        return {"actor": PoolSpec("actor", (tr.n_gpus_per_node,) * tr.nnodes, True, colocate, f"{nodes} x {per_node}")}
+    rollout = tr.rollout_gpus_per_node
+    share = f"trainer.rollout_gpus_per_node={rollout}"
+    return {
+        "actor": PoolSpec(
+            "actor", (tr.n_gpus_per_node - rollout,) * tr.nnodes, True, colocate, f"{nodes} x ({per_node} - {share})"
+        ),
+        "rollout": PoolSpec("rollout", (rollout,) * tr.nnodes, True, 1, f"{nodes} x {share}"),
+    }
+
+
+def _alive_nodes() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def check_cluster(specs: list[PoolSpec], nodes: list[dict[str, float]]) -> None:
+    """Raise PlacementError unless every pool's per-node placement group fits on some node of `nodes` (resources
+    per alive node), placing the largest first; groups of different pools may share a node."""
+    free = [dict(n) for n in nodes]
+    missing = []
+    for spec, count in sorted(((s, c) for s in specs for c in s.per_node), key=lambda sc: -sc[1]):
+        need = {k: v * count for k, v in spec.bundle.items()}
+        node = next((f for f in free if all(f.get(k, 0.0) >= v for k, v in need.items())), None)
+        if node is None:
+            missing.append(f"{spec.name} ({count} bundle(s) of {spec.bundle})")
+            continue
+        for k, v in need.items():
+            node[k] -= v
+    if missing:
+        raise PlacementError(
+            f"the cluster cannot hold the worker pools [{'; '.join(s.describe() for s in specs)}]: no node left for "
+            f"{', '.join(missing)}; the cluster has {len(nodes)} alive node(s) with GPUs "
+            f"{[n.get('GPU', 0.0) for n in nodes]} and CPUs {[n.get('CPU', 0.0) for n in nodes]}. Lower "
+            f"trainer.n_gpus_per_node / trainer.nnodes / trainer.rollout_gpus_per_node (CPU: trainer.n_workers) "
+            f"or give Ray more (ray start --num-gpus / --num-cpus, more nodes)"
+        )
+
+
+def create_pool(spec: PoolSpec, deadline: float, name: str | None = None) -> RayResourcePool:
+    """The pool's placement groups, created here and waited for until `deadline` (time.monotonic()), then handed to
+    verl's pool (which returns them instead of creating and waiting without a timeout). PlacementError on timeout."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    name = name or spec.name
+    pool = RayResourcePool(
+        list(spec.per_node), use_gpu=spec.use_gpu, max_colocate_count=spec.colocate, name_prefix=name
+    )
+    pgs = [
+        placement_group([spec.bundle] * count, strategy="STRICT_PACK", name=f"{name}_pg{i}")
+        for i, count in enumerate(spec.per_node)
+    ]
+    for pg in pgs:
+        if not pg.wait(max(0.0, deadline - time.monotonic())):
+            for created in pgs:
+                remove_placement_group(created)
+            free, total = ray.available_resources(), ray.cluster_resources()
+            have = ", ".join(f"{free.get(k, 0.0):g} of {total.get(k, 0.0):g} {k}s" for k in ("GPU", "CPU"))
+            raise PlacementError(
+                f"{spec.describe()}: placement groups not granted within trainer.placement_timeout_s; the cluster "
+                f"has {have} free (other jobs may hold the rest). Lower trainer.n_gpus_per_node / trainer.nnodes / "
+                f"trainer.rollout_gpus_per_node, free them, or raise trainer.placement_timeout_s"
+            )
+    pool.pgs = pgs
+    return pool
+
+
+def build_pools(cfg: RSearchConfig) -> dict[str, RayResourcePool]:
+    """Check the cluster, then create every pool within trainer.placement_timeout_s (PlacementError otherwise)."""
+    specs = pool_specs(cfg)
+    check_cluster(list(specs.values()), _alive_nodes())
+    deadline = time.monotonic() + cfg.trainer.placement_timeout_s
+    pools: dict[str, RayResourcePool] = {}
+    try:
+        for role, spec in specs.items():
+            pools[role] = create_pool(spec, deadline)
+    except PlacementError:
+        release_pools(pools.values())
+        raise
+    return pools
+
+
+def release_pools(pools) -> None:
+    """Remove the pools' placement groups (the workers in them should be gone first)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for pool in pools:
+        for pg in pool.pgs or []:
+            remove_placement_group(pg)
+
+
+def _pool(cfg: RSearchConfig, name: str, role: str = "actor") -> RayResourcePool:
+    """One pool of the config (`role`), named `name` (tests build groups one at a time)."""
+    spec = pool_specs(cfg)[role]
+    check_cluster([spec], _alive_nodes())
+    return create_pool(spec, time.monotonic() + cfg.trainer.placement_timeout_s, name)
 
 
 def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, threads: int = 1, **kwargs) -> RayWorkerGroup:
@@ -126,25 +312,39 @@ def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, threads: i
     return group
 
 
-def build_worker_groups(cfg: RSearchConfig) -> WorkerGroups:
-    """Start every worker group the config needs and initialise their models (blocks until ready)."""
+@dataclasses.dataclass(frozen=True)
+class WorkerClasses:
+    """The worker classes placed on the pools (tests pass subclasses that skip CUDA initialisation)."""
+
+    actor: type
+    critic: type
+    rollout: type
+
+
+def default_worker_classes() -> WorkerClasses:
     from rsearch_verl.workers.actor import ActorWorker
     from rsearch_verl.workers.critic import CriticWorker
     from rsearch_verl.workers.rollout import RolloutWorker
 
+    return WorkerClasses(ActorWorker, CriticWorker, RolloutWorker)
+
+
+def build_worker_groups(cfg: RSearchConfig, classes: WorkerClasses | None = None) -> WorkerGroups:
+    """Start every worker group the config needs and initialise their models (blocks until ready). Raises
+    PlacementError within trainer.placement_timeout_s when the cluster cannot hold them."""
+    classes = classes or default_worker_classes()
     split = cfg.trainer.placement == "split"
-    pool = _pool(cfg, "actor")
-    actor = _group(pool, ActorWorker, cfg, "actor", with_rollout=not split)
-    critic = _group(pool, CriticWorker, cfg, "critic") if cfg.use_critic else None
-    split_rollout = _group(_pool(cfg, "rollout"), RolloutWorker, cfg, "rollout", threads=4) if split else None
+    pools = build_pools(cfg)
+    actor = _group(pools["actor"], classes.actor, cfg, "actor", with_rollout=not split)
+    critic = _group(pools["actor"], classes.critic, cfg, "critic") if cfg.use_critic else None
+    split_rollout = _group(pools["rollout"], classes.rollout, cfg, "rollout", threads=4) if split else None
     gen = split_rollout or actor
-    groups = WorkerGroups(actor, critic, None, RolloutGroup(gen, cfg.world_size, cfg), split_rollout)
+    groups = WorkerGroups(actor, critic, None, RolloutGroup(gen, gen.world_size, cfg), split_rollout)
     logger.info(
-        "worker groups: %d actor rank(s)%s%s (%s)",
-        cfg.world_size,
-        ", critic" if critic else "",
-        ", split rollout" if split else "",
+        "worker groups (%s): %s%s",
         cfg.trainer.device,
+        "; ".join(spec.describe() for spec in pool_specs(cfg).values()),
+        "; critic on the actor's bundles" if critic else "",
     )
     if split:
         groups.sync_rollout_weights(version=0)  # the rollout workers start from the actor's (e.g. SFT) weights
