@@ -104,7 +104,8 @@ def build_policy(cfg: RSearchConfig):
 
 
 class RolloutWorker(Worker):
-    """A stand-alone rollout process (trainer.placement=split): its own engine, weights pushed by the driver."""
+    """A stand-alone rollout process (trainer.placement=split) on its own GPU: its own engine; the weights arrive as
+    the one object-store copy actor rank 0 put (the driver passes the reference, Ray resolves it here)."""
 
     VERSION_TIMEOUT_S = 600.0  # a batch waiting this long for the weights it needs means the driver is gone
 
@@ -119,8 +120,10 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        from rsearch_verl.workers.fsdp import local_device
+
         torch.manual_seed(self.cfg.seed)
-        device = torch.device("cuda", 0) if self.cfg.trainer.device == "cuda" else torch.device("cpu")
+        device = local_device(self.cfg.trainer.device)  # the GPU Ray gave this process (not always cuda:0)
         tokenizer, model = build_policy(self.cfg)
         self.runner = RolloutRunner(self.cfg, model, tokenizer, device)
 
@@ -162,6 +165,12 @@ class RolloutWorker(Worker):
         self.runner.load_weights(state_dict, version)  # lands between two decode steps of a running batch
         with self._state:
             self._state.notify_all()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def policy_version(self) -> int:
+        """The policy version the engine holds (the last weights that landed)."""
+        with self._state:
+            return self.runner.version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def idle_seconds(self) -> float:
