@@ -124,7 +124,8 @@ def gpu_cluster():
     env["RAY_prestart_worker_first_driver"] = "0"  # no idle worker per CPU: 16 processes the 2 cores don't need
     # a token another job left in ~/.ray/auth_token would make the head demand it from our (token-less) driver
     env.update(HOME=temp_dir, RAY_AUTH_MODE="disabled")
-    head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = open(os.path.join(temp_dir, "head.log"), "wb")  # noqa: SIM115 (closed in the finalizer)
+    head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -140,6 +141,7 @@ def gpu_cluster():
         if ray.is_initialized():
             ray.shutdown()
         _kill_cluster(head, temp_dir)
+        log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
