@@ -440,15 +440,15 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _one_of(cfg.rollout.prompt_variant, ("base", "instruct"), "rollout.prompt_variant")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
+    _one_of(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")  # float16 would need loss scaling
+    _check(cfg.actor.logprob_chunk_size >= 1, "actor.logprob_chunk_size", "must be >= 1")
+    _check(cfg.trainer.nccl_timeout_s > 0, "trainer.nccl_timeout_s", "must be > 0")
     if cfg.algorithm.adv_estimator == "gae":
         _check(cfg.use_critic, "critic.enable", "PPO with GAE advantages needs a critic (critic.enable=false)")
     _check(cfg.trainer.total_steps >= 0, "trainer.total_steps", "must be >= 0")
     _validate_placement(cfg.trainer)
     _check(cfg.world_size >= 1, "trainer.n_workers / n_gpus_per_node", "at least one worker is needed")
     _check(cfg.rollout.n >= 1, "rollout.n", "must be >= 1")
-    _one_of(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")  # float16 would need loss scaling
-    _check(cfg.actor.logprob_chunk_size >= 1, "actor.logprob_chunk_size", "must be >= 1")
-    _check(cfg.trainer.nccl_timeout_s > 0, "trainer.nccl_timeout_s", "must be > 0")
     _check(cfg.rollout.update_weights_bucket_mb >= 1, "rollout.update_weights_bucket_mb", "must be >= 1")
     if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
         _check(cfg.rollout.n >= 2, "rollout.n", f"{cfg.algorithm.adv_estimator} needs a group of >= 2 samples")

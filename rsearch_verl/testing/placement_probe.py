@@ -48,7 +48,7 @@ class Probe:
         """As the actor does: rank 0 puts one copy and returns its handle, the other ranks nothing."""
         if self.rank != 0:
             return None
-        from rsearch_verl.workers.placement import WeightsRef
+        from rsearch_verl.workers.weights_ref import WeightsRef
 
         return WeightsRef(ray.put({"w": list(range(256))}), nbytes=256 * 8, n_tensors=1)
 

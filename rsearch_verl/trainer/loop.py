@@ -134,7 +134,7 @@ class Trainer:
                     metrics.update(_worker_metrics(wg.actor.update_actor(batch)))
             # 9. push the new weights into the rollout engines (split: between two decode steps of the next batch)
             with timed(timing, "sync"):
-                wg.sync_rollout_weights(version=step)
+                metrics.update(wg.sync_rollout_weights(version=step))  # sync/bytes: what left the actor processes
         # 10. rollout dump for inspection (viewer, debugging)
         if cfg.trainer.dump_rollouts:
             path = os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl")

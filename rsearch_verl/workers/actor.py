@@ -81,7 +81,7 @@ class ActorWorker(Worker):
         elif cfg.use_ref:
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
-            self.ref = fsdp.shard_model(ref, self.device, self.dtype)
+            self.ref = fsdp.shard_model(ref, self.device, self.dtype, trainable=False)
         self.model = fsdp.shard_model(model, self.device, self.dtype)
         self.optim, self.sched = fsdp.build_optimizer(self.model, cfg.actor.optim, total_steps=cfg.trainer.total_steps)
         if cfg.actor.use_remove_padding:
@@ -202,10 +202,12 @@ class ActorWorker(Worker):
             raise RuntimeError("generate_sequences: this actor has no rollout engine (trainer.placement=split)")
         return self.rollout.generate(prompts, restore=self._rollout_weights)  # the engine sleeps after the batch
 
-    def _base_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _base_state_dict(self, rank0_only: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(the base model's names and weights, LoRA merged in, in the compute dtype: what engines and the HF export
-        take; the raw gathered state, float32 masters). Collective."""
-        state = fsdp.full_state_dict(self.model)
+        take; the raw gathered state, float32 masters). Collective. `rank0_only`: the other ranks get ({}, {})."""
+        state = fsdp.full_state_dict(self.model, rank0_only=rank0_only)
+        if not state:  # a rank other than 0 with rank0_only: nothing gathered here
+            return state, state
         if not self.use_lora:  # cast in place: the float32 copy is not kept beside the compute-dtype one
             state = fsdp.cast_floating(state, self.dtype)
             return state, state
@@ -236,16 +238,16 @@ class ActorWorker(Worker):
     def full_state_dict(self, as_ref: bool = False):
         """The policy's weights under the base model's names (LoRA merged): what a rollout engine loads. Collective:
         every rank takes part in the gather, only rank 0 returns them (the others None), so one copy leaves the
-        group. `as_ref`: rank 0 puts them in the object store itself and returns a `placement.WeightsRef`, so the
+        group. `as_ref`: rank 0 puts them in the object store itself and returns a `weights_ref.WeightsRef`, so the
         state dict never travels through the driver (split placement's weight sync)."""
-        state = self._base_state_dict()[0]
+        state = self._base_state_dict(rank0_only=True)[0]
         if self.rank != 0:
             return None
         if not as_ref:
             return state
         import ray
 
-        from rsearch_verl.workers.placement import WeightsRef
+        from rsearch_verl.workers.weights_ref import WeightsRef
 
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return WeightsRef(ray.put(state), nbytes=nbytes, n_tensors=len(state))
@@ -255,7 +257,7 @@ class ActorWorker(Worker):
     def save_checkpoint(self, ckpt_dir: str):
         # LoRA: adapters + their optimizer state (the frozen base is rebuilt from model.path)
         sharded_checkpoint.save_checkpoint(ckpt_dir, self.model, self.optim, self.sched)
-        merged, raw = self._base_state_dict()
+        merged, raw = self._base_state_dict(rank0_only=True)
         if self.rank == 0:  # a Hugging Face directory any tool (eval, vLLM, transformers) can load
             _export_hf(self.cfg, self.tokenizer, merged, os.path.join(ckpt_dir, "hf"))
             if self.use_lora:  # and the adapter alone, in peft's format

@@ -92,10 +92,14 @@ def mixed_precision(dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype = MASTER_DTYPE) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, device: torch.device, dtype: torch.dtype = MASTER_DTYPE, trainable: bool = True
+) -> torch.nn.Module:
     """FSDP2: one `fully_shard` unit per decoder layer, then the root (embeddings, norm, tied head, value head).
-    The parameters become float32 masters whatever they were loaded in; `dtype` is the compute dtype."""
-    model = model.to(device=device, dtype=MASTER_DTYPE)
+    `dtype` is the compute dtype. A trainable model's parameters become float32 masters whatever they were loaded
+    in; a forward-only one (the reference policy) is stored in the compute dtype, as verl keeps it: with no update
+    there is nothing for fp32 to preserve, and it halves that model's memory."""
+    model = model.to(device=device, dtype=MASTER_DTYPE if trainable else dtype)
     policy = mixed_precision(dtype)
     for layer in _decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
@@ -111,10 +115,12 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Gather the full (unsharded) parameters on every rank, on CPU (the float32 masters). Collective: every rank
-    must call it."""
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+def full_state_dict(model: torch.nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """Gather the full (unsharded) parameters on CPU (the float32 masters). Collective: every rank must call it.
+    `rank0_only`: only rank 0 receives them (torch DCP's cpu_offload gathers parameter by parameter to rank 0's host
+    memory); the others get {} and never hold a full copy (checkpoint export, split placement's weight sync)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    sd = get_model_state_dict(model, options=options)
     return {k: v.detach().cpu() for k, v in sd.items()}
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
 
 import numpy as np
 from verl import DataProto
@@ -107,15 +106,6 @@ class PendingRollout:
         out.meta_info["metrics"] = reduce_metrics(out.meta_info)
         trim_padding(out.batch)
         return out
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightsRef:
-    """Actor rank 0's gathered weights, put in the object store by rank 0 itself: the one copy a weight sync moves."""
-
-    ref: Any  # ray.ObjectRef of dict[str, torch.Tensor] (base model names, LoRA merged)
-    nbytes: int  # sum of numel x element_size over the tensors
-    n_tensors: int
 
 
 @dataclasses.dataclass

@@ -26,14 +26,17 @@ from rsearch_verl.config import load_config, to_dict
 P, R, B = 6, 10, 4
 
 
-def make_cfg():
+def make_cfg(device: str = "cpu", ranks: int = 2):
+    """`device=cuda`: the same update on `ranks` GPUs over NCCL (launch/gpu_smoke.py runs it on a lent GPU)."""
+    where = ["trainer.device=cuda", f"trainer.n_gpus_per_node={ranks}"] if device == "cuda" else []
     return load_config(
         [
             "model=tiny",
             "model.sft_checkpoint=null",
             "model.dtype=bfloat16",
             "trainer=cpu",
-            "trainer.n_workers=2",
+            f"trainer.n_workers={ranks}",
+            *where,
             "data.train_batch_size=4",
             "rollout.n=1",
             "algorithm.adv_estimator=reinforce_plus_plus",
@@ -65,22 +68,23 @@ def make_batch(vocab: int) -> DataProto:
     return DataProto.from_dict(tensors=tensors)
 
 
-def _rank_main(rank: int, port: int, master_dtype: str, out_path: str) -> None:
-    """One FSDP rank: build the actor, one update on this rank's half of the batch, report what changed."""
-    env = {"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0", "REDIS_STORE_SERVER_HOST": "127.0.0.1"}  # fmt: skip
+def _rank_main(rank: int, port: int, master_dtype: str, out_path: str, device: str, ranks: int) -> None:
+    """One FSDP rank: build the actor, one update on this rank's share of the batch, report what changed."""
+    local = str(rank) if device == "cuda" else "0"  # one GPU per rank
+    env = {"WORLD_SIZE": str(ranks), "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "LOCAL_WORLD_SIZE": str(ranks), "LOCAL_RANK": local, "REDIS_STORE_SERVER_HOST": "127.0.0.1"}  # fmt: skip
     os.environ.update(env)
     torch.set_num_threads(1)
     from rsearch_verl.workers import fsdp
     from rsearch_verl.workers.actor import ActorWorker
 
     fsdp.MASTER_DTYPE = getattr(torch, master_dtype)  # bfloat16: the behaviour before mixed precision
-    worker = ActorWorker(to_dict(make_cfg()), with_rollout=False)
+    worker = ActorWorker(to_dict(make_cfg(device, ranks)), with_rollout=False)
     worker.init_model()
     compute = []
     worker.model.model.layers[0].register_forward_pre_hook(lambda _m, args: compute.append(args[0].dtype))
     before = fsdp.full_state_dict(worker.model)
-    data = make_batch(len(worker.tokenizer)).chunk(2)[rank]  # what DP_COMPUTE_PROTO hands this rank
+    data = make_batch(len(worker.tokenizer)).chunk(ranks)[rank]  # what DP_COMPUTE_PROTO hands this rank
     data = data.union(worker.compute_log_prob(data))  # on policy: ratios start at 1
     metrics = worker.update_actor(data).meta_info["metrics"]
     after = fsdp.full_state_dict(worker.model)
@@ -92,12 +96,13 @@ def _rank_main(rank: int, port: int, master_dtype: str, out_path: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def run_update(master_dtype: str, tmp_path) -> dict:
+def run_update(master_dtype: str, tmp_path, device: str = "cpu", ranks: int = 2) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path / f"{master_dtype}.pt")
-    mp.start_processes(_rank_main, args=(port, master_dtype, out), nprocs=2, start_method="spawn")
+    args = (port, master_dtype, out, device, ranks)
+    mp.start_processes(_rank_main, args=args, nprocs=ranks, start_method="spawn")
     return torch.load(out, weights_only=False)
 
 

@@ -1,0 +1,131 @@
+"""GPU memory budget per device for the documented GPU runs, from the code's own settings (an estimate, no GPU needed).
+
+    .venv/bin/python benchmarks/memory_budget.py                       # 3B and 7B, PPO and GRPO, 8 GPUs
+    .venv/bin/python benchmarks/memory_budget.py --gpus 1 --model qwen2_5_3b_shape --recipe search_r1_grpo \
+        --override model.path=tiny --override trainer=gpu_1x1          # compare with the smoke's measured 3B run
+
+The config of each row is composed exactly as the documented command (`load_config([...])`): world size, rollout.n,
+micro-batch, sequence budget, vLLM's gpu_memory_utilization, whether a critic and a reference exist, padding-free
+training, the log-prob chunk. Model shapes are the published Qwen2.5 configs. Per GPU, FSDP shards every training
+state over the world size:
+
+    actor      fp32 master weights + fp32 gradients + AdamW moments (2 x fp32)     16 P / N bytes
+    reference  fp32 weights (no gradients, no optimizer)                            4 P / N
+    critic     as the actor (backbone + a scalar head)                             16 P / N
+    gathered   bf16 weights of the layer being computed and the one prefetched      2 x 2 P_layer
+    activations  gradient checkpointing: the layer-boundary hidden states (2 L T H bytes) plus one layer recomputed,
+               34 T H bytes with flash attention ("Reducing Activation Recomputation in Large Transformer Models")
+    logits     log-probs: bf16 logits + fp32 log-softmax + its gradient for the positions in flight: all T of a
+               micro-batch before, `actor.logprob_chunk_size` of them after (rsearch_verl/workers/forward.py)
+    vLLM       gpu_memory_utilization x the GPU while awake (weights + KV cache); asleep during training after
+    sync       before: the full fp32 state dict gathered on every rank; after: one bucket (update_weights_bucket_mb)
+
+"before" is the layout this repository had until the GPU-path issue (vLLM awake through training, the full state dict
+on every rank at every sync, unchunked log-probs); "after" is today's. The last line is before / after of the worst
+row's peak. T = micro_batch_size x (data.max_prompt_length + rollout.max_response_length) tokens: padding-free
+training packs the real tokens, so this is an upper bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    def layer_params(self) -> int:
+        head_dim = self.hidden // self.heads
+        kv = self.kv_heads * head_dim
+        attn = self.hidden * self.hidden + self.hidden + 2 * (self.hidden * kv + kv) + self.hidden * self.hidden
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    def params(self) -> int:
+        emb = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * self.layer_params() + emb + self.hidden
+
+
+SHAPES = {  # the published Hugging Face configs
+    "qwen2_5_3b_instruct": Shape(2048, 36, 16, 2, 11008, 151936, True),
+    "qwen2_5_7b_base": Shape(3584, 28, 28, 4, 18944, 152064, False),
+    # the smoke's random model: Qwen2.5-3B's shape with the toy world's small vocabulary (launch/gpu_smoke.py)
+    "qwen2_5_3b_shape": Shape(2048, 36, 16, 2, 11008, 1024, True),
+}
+GPU_GIB = 80.0
+CUDA_CONTEXT_GIB = 1.0
+
+
+def _load(recipe: str, model: str, gpus: int, extra: list[str]):
+    from rsearch_verl.config import load_config
+
+    model_group = [f"model={model}"] if model in ("qwen2_5_3b_instruct", "qwen2_5_7b_base") else []
+    trainer = ["trainer=gpu_1x8"] if gpus >= 8 else ["trainer=gpu_1x1"]
+    nodes = [f"trainer.nnodes={gpus // 8}"] if gpus > 8 else []
+    return load_config([f"+recipe={recipe}", *model_group, "rollout=vllm", *trainer, *nodes, *extra])
+
+
+def budget(cfg, shape: Shape, after: bool) -> dict[str, float]:
+    """GiB per GPU by component, and the peaks of the two phases (training, rollout)."""
+    n, p = cfg.world_size, shape.params()
+    tokens = cfg.actor.micro_batch_size * (cfg.data.max_prompt_length + cfg.rollout.max_response_length)
+    chunk = getattr(cfg.actor, "logprob_chunk_size", 0) or tokens
+    rows = {
+        "actor": 16 * p / n,
+        "reference": 4 * p / n if cfg.use_ref and cfg.model.lora_rank == 0 else 0.0,
+        "critic": 16 * p / n if cfg.use_critic else 0.0,
+        "gathered": 2 * 2 * shape.layer_params(),
+        "activations": 2 * shape.layers * tokens * shape.hidden + 34 * tokens * shape.hidden,
+        "logits": (2 + 4 + 4) * (min(chunk, tokens) if after else tokens) * shape.vocab,
+        "vllm": cfg.rollout.gpu_memory_utilization * GPU_GIB * GIB,
+        "sync": (cfg.rollout.update_weights_bucket_mb << 20) if after else 4 * p,
+    }
+    out = {k: v / GIB for k, v in rows.items()}
+    states = out["actor"] + out["reference"] + out["critic"] + CUDA_CONTEXT_GIB
+    work = out["gathered"] + out["activations"] + out["logits"]
+    out["train_peak"] = states + work + (0.0 if after else out["vllm"])
+    out["rollout_peak"] = states + out["vllm"] + out["sync"]
+    out["params_b"] = p / 1e9
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--model", action="append", help="qwen2_5_3b_instruct | qwen2_5_7b_base | qwen2_5_3b_shape")
+    ap.add_argument("--recipe", action="append", help="default: search_r1_ppo and search_r1_grpo")
+    ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides")
+    args = ap.parse_args(argv)
+    models = args.model or ["qwen2_5_3b_instruct", "qwen2_5_7b_base"]
+    recipes = args.recipe or ["search_r1_ppo", "search_r1_grpo"]
+    cols = ["actor", "reference", "critic", "activations", "logits", "vllm", "sync", "train_peak", "rollout_peak"]
+    print(f"{'model':<22} {'recipe':<16} {'layout':<7} " + " ".join(f"{c:>12}" for c in cols) + "   (GiB per GPU)")
+    worst = (0.0, 0.0)
+    for model in models:
+        for recipe in recipes:
+            cfg = _load(recipe, model, args.gpus, args.override)
+            for after in (False, True):
+                b = budget(cfg, SHAPES[model], after)
+                name = "after" if after else "before"
+                print(f"{model:<22} {recipe:<16} {name:<7} " + " ".join(f"{b[c]:>12.1f}" for c in cols))
+            before = max(budget(cfg, SHAPES[model], False)[k] for k in ("train_peak", "rollout_peak"))
+            now = max(budget(cfg, SHAPES[model], True)[k] for k in ("train_peak", "rollout_peak"))
+            worst = max(worst, (before, now))
+    print(f"worst peak per GPU before / after: {worst[0]:.1f} / {worst[1]:.1f} GiB = {worst[0] / worst[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
