@@ -10,20 +10,22 @@ training, the log-prob chunk. Model shapes are the published Qwen2.5 configs. Pe
 state over the world size:
 
     actor      fp32 master weights + fp32 gradients + AdamW moments (2 x fp32)     16 P / N bytes
-    reference  fp32 weights (no gradients, no optimizer)                            4 P / N
+    reference  weights in the compute dtype (bf16: no update, so no fp32 master)     2 P / N
     critic     as the actor (backbone + a scalar head)                             16 P / N
     gathered   bf16 weights of the layer being computed and the one prefetched      2 x 2 P_layer
     activations  gradient checkpointing: the layer-boundary hidden states (2 L T H bytes) plus one layer recomputed,
                34 T H bytes with flash attention ("Reducing Activation Recomputation in Large Transformer Models")
     logits     log-probs: bf16 logits + fp32 log-softmax + its gradient for the positions in flight: all T of a
                micro-batch before, `actor.logprob_chunk_size` of them after (rsearch_verl/workers/forward.py)
-    vLLM       gpu_memory_utilization x the GPU while awake (weights + KV cache); asleep during training after
+    engine     vLLM: gpu_memory_utilization x the GPU while awake (weights + KV cache), asleep during training after;
+               the Hugging Face engine (rollout=hf): its own unsharded bf16 copy, 2 P, always resident
     sync       before: the full fp32 state dict gathered on every rank; after: one bucket (update_weights_bucket_mb)
 
 "before" is the layout this repository had until the GPU-path issue (vLLM awake through training, the full state dict
-on every rank at every sync, unchunked log-probs); "after" is today's. The last line is before / after of the worst
-row's peak. T = micro_batch_size x (data.max_prompt_length + rollout.max_response_length) tokens: padding-free
-training packs the real tokens, so this is an upper bound.
+on every rank at every sync, unchunked log-probs, an fp32 reference); "after" is today's. The last line is before /
+after of the worst row's peak ("before" with rollout=vllm's old gpu_memory_utilization, 0.6). T = micro_batch_size x
+(data.max_prompt_length + rollout.max_response_length) tokens: padding-free training packs the real tokens, so this
+is an upper bound.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ SHAPES = {  # the published Hugging Face configs
 }
 GPU_GIB = 80.0
 CUDA_CONTEXT_GIB = 1.0
+OLD_VLLM_SHARE = 0.6  # recipes/rollout/vllm.yaml before the GPU-path issue
 
 
 def _load(recipe: str, model: str, gpus: int, extra: list[str]):
@@ -80,24 +83,25 @@ def _load(recipe: str, model: str, gpus: int, extra: list[str]):
 
 def budget(cfg, shape: Shape, after: bool) -> dict[str, float]:
     """GiB per GPU by component, and the peaks of the two phases (training, rollout)."""
-    n, p = cfg.world_size, shape.params()
+    n, p, vllm = cfg.world_size, shape.params(), cfg.rollout.engine == "vllm"
     tokens = cfg.actor.micro_batch_size * (cfg.data.max_prompt_length + cfg.rollout.max_response_length)
     chunk = getattr(cfg.actor, "logprob_chunk_size", 0) or tokens
     rows = {
         "actor": 16 * p / n,
-        "reference": 4 * p / n if cfg.use_ref and cfg.model.lora_rank == 0 else 0.0,
+        "reference": (4 if not after else 2) * p / n if cfg.use_ref and cfg.model.lora_rank == 0 else 0.0,
         "critic": 16 * p / n if cfg.use_critic else 0.0,
         "gathered": 2 * 2 * shape.layer_params(),
         "activations": 2 * shape.layers * tokens * shape.hidden + 34 * tokens * shape.hidden,
         "logits": (2 + 4 + 4) * (min(chunk, tokens) if after else tokens) * shape.vocab,
-        "vllm": cfg.rollout.gpu_memory_utilization * GPU_GIB * GIB,
+        "engine": (cfg.rollout.gpu_memory_utilization if after else OLD_VLLM_SHARE) * GPU_GIB * GIB if vllm else 2 * p,
         "sync": (cfg.rollout.update_weights_bucket_mb << 20) if after else 4 * p,
     }
     out = {k: v / GIB for k, v in rows.items()}
     states = out["actor"] + out["reference"] + out["critic"] + CUDA_CONTEXT_GIB
     work = out["gathered"] + out["activations"] + out["logits"]
-    out["train_peak"] = states + work + (0.0 if after else out["vllm"])
-    out["rollout_peak"] = states + out["vllm"] + out["sync"]
+    asleep = after and vllm  # vLLM sleeps while the actor trains; the HF engine's copy stays
+    out["train_peak"] = states + work + (0.0 if asleep else out["engine"])
+    out["rollout_peak"] = states + out["engine"] + out["sync"]
     out["params_b"] = p / 1e9
     return out
 
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     models = args.model or ["qwen2_5_3b_instruct", "qwen2_5_7b_base"]
     recipes = args.recipe or ["search_r1_ppo", "search_r1_grpo"]
-    cols = ["actor", "reference", "critic", "activations", "logits", "vllm", "sync", "train_peak", "rollout_peak"]
+    cols = ["actor", "reference", "critic", "activations", "logits", "engine", "sync", "train_peak", "rollout_peak"]
     print(f"{'model':<22} {'recipe':<16} {'layout':<7} " + " ".join(f"{c:>12}" for c in cols) + "   (GiB per GPU)")
     worst = (0.0, 0.0)
     for model in models:
