@@ -17,20 +17,32 @@ Usage:
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 VARLEN_SDPA = "varlen_sdpa"
 
+# The bounds of the last packed row seen: every layer of one forward (and its checkpointed recompute) gets the same
+# position-ids tensor, so they are read back from the device once per forward, not once per layer (on a GPU each
+# read is a device -> host sync). Keyed by the tensor object itself (a weak reference) and its in-place version.
+_last_bounds: list = [None, -1, []]
+
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """[(start, end)] of each sequence in a packed [1, T] row: a new one starts wherever the position is not the
     previous one + 1 (the rule transformers' packed-sequence detection uses)."""
+    ref, version, bounds = _last_bounds
+    if ref is not None and ref() is position_ids and version == position_ids._version:
+        return bounds
     pos = position_ids[0]
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[1:] = pos[1:] != pos[:-1] + 1
     idx = starts.nonzero().squeeze(-1).tolist()
-    return list(zip(idx, idx[1:] + [pos.shape[0]], strict=True))
+    bounds = list(zip(idx, idx[1:] + [pos.shape[0]], strict=True))
+    _last_bounds[:] = [weakref.ref(position_ids), position_ids._version, bounds]
+    return bounds
 
 
 def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

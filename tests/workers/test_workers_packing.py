@@ -114,6 +114,13 @@ def test_sequence_bounds_follow_position_restarts():
     pos = torch.tensor([[0, 1, 2, 0, 0, 1, 0, 1, 2, 3]])
     assert sequence_bounds(pos) == [(0, 3), (3, 4), (4, 6), (6, 10)]
     assert sequence_bounds(torch.arange(5)[None]) == [(0, 5)]
+    # read once per forward: the same tensor again is not read back (a device -> host sync per layer on a GPU) ...
+    pos_again = sequence_bounds(pos)
+    assert pos_again == [(0, 3), (3, 4), (4, 6), (6, 10)]
+    assert sequence_bounds(pos) is pos_again
+    pos[0, 3] = 3  # ... but an in-place change of it, or another tensor with the same values, is
+    assert sequence_bounds(pos) == [(0, 4), (4, 6), (6, 10)]
+    assert sequence_bounds(pos.clone()) == [(0, 4), (4, 6), (6, 10)]
 
 
 def test_token_budget_partitions_and_restore_order():
