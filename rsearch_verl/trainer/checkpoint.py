@@ -2,15 +2,20 @@
 
 A checkpoint is written into a hidden temporary directory next to its final place (`.tmp-step_<N>-<random>`);
 the workers write their shards into it, the driver writes `trainer_state.json` (step, dataloader state, KL
-schedule) and `driver_rng.pt`, then `COMPLETE`, and only then is the directory renamed to `step_<N>`. A rename is
-atomic on one filesystem, so a process killed mid-write leaves only a temporary directory, which `latest()`
-ignores and `sweep_incomplete()` removes: a half-written checkpoint is never loaded.
+schedule) and `driver_rng.pt`, checks that every rank's shard files are there (`missing_shards`), writes `COMPLETE`
+(naming the worker parts), and only then is the directory renamed to `step_<N>`. A rename is atomic on one
+filesystem, so a process killed mid-write leaves only a temporary directory, which `latest()` ignores and
+`sweep_incomplete()` removes: a half-written checkpoint is never loaded. A checkpoint whose shards are not all there
+is never complete: saving it stops the run (`IncompleteCheckpointError`, exit 3, naming trainer.run_dir) and resuming
+skips it for the newest complete one.
 
-On a multi-node cluster `run_dir` must be on a filesystem every node sees (NFS, a mounted bucket).
+`run_dir` needs a filesystem with POSIX rename (atomic, of a whole directory) that the driver and every worker see:
+a local disk on one host, or NFS / Lustre / a similar shared filesystem across hosts. Object-store mounts (s3fs,
+gcsfuse, a mounted bucket) do not rename directories atomically: a kill mid-rename can leave a partial `step_<N>`.
 
 Usage:
     ckpts = CheckpointManager(run_dir, max_to_keep=2)
-    with ckpts.writing(step) as tmp:          # tmp: the directory to fill
+    with ckpts.writing(step, parts=("actor",)) as tmp:   # tmp: the directory to fill; parts: worker checkpoints in it
         actor_wg.save_checkpoint(os.path.join(tmp, "actor"))
         ckpts.write_trainer_state(tmp, {...})
     path = ckpts.resolve(cfg.trainer.resume)  # "auto" | "disable" | a path -> a complete checkpoint or None
@@ -25,11 +30,13 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from rsearch_verl.rng import capture_rng, restore_rng
+from rsearch_verl.trainer.health import RunStopped
+from rsearch_verl.workers.sharded_checkpoint import missing_files
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +54,36 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
+class IncompleteCheckpointError(CheckpointError, RunStopped):
+    """Worker shards did not arrive where the driver writes the checkpoint (trainer.run_dir not shared)."""
+
+
+def step_parts(path: str) -> list[str]:
+    """The worker parts a COMPLETE marker names (older markers name none: the parts present are checked)."""
+    try:
+        with open(os.path.join(path, COMPLETE)) as f:
+            marker = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return []
+    return list(marker.get("parts", [])) if isinstance(marker, dict) else []
+
+
+def missing_shards(path: str, parts: Sequence[str] = ()) -> list[str]:
+    """Files of worker checkpoints in `path` that are not there ("actor/rank1.pt", ...): for each of `parts` and every
+    subdirectory that holds a worker checkpoint (a `dcp/` directory or `rank0.pt`)."""
+    found = [n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n, "dcp"))]
+    found += [n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n, "rank0.pt"))]
+    return [f"{part}/{name}" for part in sorted({*parts, *found}) for name in missing_files(os.path.join(path, part))]
+
+
 def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, COMPLETE)) and os.path.isfile(os.path.join(path, STATE_FILE))
+    """Marked COMPLETE, with the trainer state and every rank's shard files of the worker checkpoints."""
+    if not (os.path.isfile(os.path.join(path, COMPLETE)) and os.path.isfile(os.path.join(path, STATE_FILE))):
+        return False
+    missing = missing_shards(path, step_parts(path))
+    if missing:
+        logger.warning("checkpoint %s is marked complete but lacks %s: skipped", path, ", ".join(missing[:8]))
+    return not missing
 
 
 class CheckpointManager:
@@ -89,8 +124,9 @@ class CheckpointManager:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     @contextlib.contextmanager
-    def writing(self, step: int) -> Iterator[str]:
-        """Yield a temporary directory to fill; on success mark it complete and rename it into place."""
+    def writing(self, step: int, parts: Sequence[str] = ()) -> Iterator[str]:
+        """Yield a temporary directory to fill; on success mark it complete and rename it into place. `parts`: the
+        worker checkpoints (subdirectories) it must hold, every rank's files of each."""
         final = os.path.join(self.root, step_dir_name(step))
         tmp = os.path.join(self.root, f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}")
         os.makedirs(tmp)
@@ -98,7 +134,8 @@ class CheckpointManager:
             yield tmp
             if not os.path.isfile(os.path.join(tmp, STATE_FILE)):
                 raise CheckpointError(f"checkpoint for step {step} has no {STATE_FILE}")
-            _write_atomic(os.path.join(tmp, COMPLETE), "ok\n")
+            self._check_shards(step, tmp, parts)
+            _write_atomic(os.path.join(tmp, COMPLETE), json.dumps({"parts": list(parts)}) + "\n")
             if os.path.exists(final):  # re-saving the same step (e.g. final save right after a periodic one)
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -108,6 +145,19 @@ class CheckpointManager:
             raise
         self._prune()
         logger.info("checkpoint saved: %s", final)
+
+    def _check_shards(self, step: int, tmp: str, parts: Sequence[str]) -> None:
+        missing = missing_shards(tmp, parts)
+        if not missing:
+            return
+        # the usual cause: each worker wrote to its own host's disk; a later resume would fail on this checkpoint
+        run_dir = os.path.dirname(self.root)
+        raise IncompleteCheckpointError(
+            f"the checkpoint of step {step} lacks worker shards where the driver writes it ({', '.join(missing[:6])}"
+            f"{', ...' if len(missing) > 6 else ''}): the workers wrote them elsewhere. trainer.run_dir={run_dir} "
+            "must be on a filesystem the driver and every worker host share (NFS, Lustre; not a bucket mount). "
+            "The checkpoint was not marked complete."
+        )
 
     def _prune(self) -> None:
         if self.max_to_keep <= 0:

@@ -11,6 +11,10 @@ directory itself is made atomic by the driver (trainer/checkpoint.py writes into
 Usage (inside a worker, every rank calls both; they are collective):
     save_checkpoint(ckpt_dir, model, optim, sched)
     extra = load_checkpoint(ckpt_dir, model, optim, sched)
+
+The driver checks that every rank's files arrived before it marks a checkpoint complete (they do not when
+`trainer.run_dir` is not shared between hosts: each rank writes on its own host's disk):
+    missing_files(ckpt_dir)    # [] or e.g. ["rank1.pt", "dcp/__1_0.distcp"]
 """
 
 from __future__ import annotations
@@ -107,3 +111,24 @@ def load_checkpoint(ckpt_dir: str, model, optim=None, sched=None) -> dict:
     if os.path.isfile(own):
         restore_rng(local["rng"])
     return local["extra"]
+
+
+def missing_files(ckpt_dir: str) -> list[str]:
+    """The files of a `save_checkpoint` directory that are not there, relative to it: the DCP metadata, every data
+    file it names (one per writing rank), and `rank<r>.pt` for each of the `world_size` ranks rank 0 recorded."""
+    if not os.path.isdir(ckpt_dir):
+        return ["(the directory)"]
+    missing = []
+    path = os.path.join(ckpt_dir, DCP_DIR)
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        missing.append(f"{DCP_DIR}/.metadata")
+    else:
+        storage = dcp.FileSystemReader(path).read_metadata().storage_data or {}
+        files = sorted({info.relative_path for info in storage.values()})
+        missing += [f"{DCP_DIR}/{name}" for name in files if not os.path.isfile(os.path.join(path, name))]
+    rank0 = os.path.join(ckpt_dir, "rank0.pt")
+    if not os.path.isfile(rank0):
+        return [*missing, "rank0.pt"]
+    world = int(torch.load(rank0, weights_only=False)["world_size"])
+    missing += [f"rank{r}.pt" for r in range(1, world) if not os.path.isfile(os.path.join(ckpt_dir, f"rank{r}.pt"))]
+    return missing
