@@ -333,7 +333,7 @@ class TrainerConfig(ConfigNode):
     max_ckpt_to_keep: int = 2
     # placement
     device: str = "cpu"  # cpu | cuda
-    nnodes: int = 1
+    nnodes: int = 1  # nodes the workers spread over (cpu: n_workers / nnodes workers on each)
     n_gpus_per_node: int = 0  # cuda: devices per node
     n_workers: int = 1  # cpu: FSDP ranks of the actor (and of the critic)
     nccl_timeout_s: float = 1800.0  # the worker process groups' collective timeout (NCCL on GPU, gloo on CPU)
@@ -511,6 +511,12 @@ def _validate_placement(tr: TrainerConfig) -> None:
     """cuda + split: each node's GPUs divide into the rollout pool and the training pool, each >= 1."""
     _check(tr.nnodes >= 1, "trainer.nnodes", "must be >= 1")
     _check(tr.placement_timeout_s > 0, "trainer.placement_timeout_s", "must be > 0")
+    if tr.device != "cuda":  # CPU: trainer.n_workers ranks spread evenly over trainer.nnodes nodes
+        _check(
+            tr.n_workers % tr.nnodes == 0,
+            "trainer.n_workers / trainer.nnodes",
+            f"trainer.n_workers={tr.n_workers} does not divide evenly over trainer.nnodes={tr.nnodes} nodes",
+        )
     if tr.device != "cuda" or tr.placement != "split":
         return
     _check(

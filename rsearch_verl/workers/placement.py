@@ -17,7 +17,8 @@ training loop calls; two plain groups keep `groups.actor.update_actor` / `groups
 cost is a second CUDA context per GPU (~0.5 GB); both groups run one at a time, so they never compete for compute.
 
 Fail fast: before any worker starts, `check_cluster` fits every pool's placement groups (one per node, STRICT_PACK,
-verl's bundle shape `{"CPU": max_colocate_count, "GPU": 1}`) into the alive nodes' resources, and raises
+verl's bundle shape `{"CPU": max_colocate_count, "GPU": 1}`; a pool's groups on distinct nodes, each pinned to the
+node chosen for it through the node's `node:<ip>` resource) into the alive nodes' resources, and raises
 `PlacementError` naming the config keys and what the cluster has. Then we create the placement groups ourselves and
 wait at most `trainer.placement_timeout_s` (default 60) for them — verl's `RayResourcePool.get_placement_groups`
 would wait with `ray.get(pg.ready())` and no timeout, hanging silently on a busy cluster — and hand them to verl
@@ -32,9 +33,10 @@ and the rollout workers in one NCCL group (ray.util.collective) and streams the 
 two GPU buffers (2 x bucket_size of device memory; bucket metadata over ZeroMQ), filling the next bucket while the
 previous one is broadcast: no CPU copy, no whole-model buffer, GPU-to-GPU bandwidth.
 
-World size: `RSearchConfig.world_size` (the training ranks). CPU pools keep `max_colocate_count=1` (verl's default
-of 10 asks for 10 CPUs per bundle and would hang a 2-core Ray); the CPU workers ask for no CPU of their own, so the
-critic shares the actor's bundles there.
+World size: `RSearchConfig.world_size` (the training ranks). CPU pools follow `trainer.nnodes` as GPU pools do:
+`trainer.n_workers / trainer.nnodes` bundles on each of `trainer.nnodes` nodes. CPU pools keep `max_colocate_count=1`
+(verl's default of 10 asks for 10 CPUs per bundle and would hang a 2-core Ray); the CPU workers ask for no CPU of their
+own, so the critic shares the actor's bundles there.
 
 Usage (rsearch_verl/trainer/session.py):
     groups = build_worker_groups(cfg)          # PlacementError within trainer.placement_timeout_s if it cannot fit
@@ -182,10 +184,12 @@ def pool_specs(cfg: RSearchConfig) -> dict[str, PoolSpec]:
     tr = cfg.trainer
     split = tr.placement == "split"
     if tr.device != "cuda":  # CPU workers ask for no CPU of their own: the critic fits in the actor's bundles
-        workers = f"trainer.n_workers={tr.n_workers}"
-        specs = {"actor": PoolSpec("actor", (tr.n_workers,), False, 1, workers)}
+        # n_workers / nnodes bundles on each of nnodes nodes (config.py checks that it divides)
+        workers = f"trainer.n_workers={tr.n_workers} over trainer.nnodes={tr.nnodes}"
+        per_node = (tr.n_workers // tr.nnodes,) * tr.nnodes
+        specs = {"actor": PoolSpec("actor", per_node, False, 1, workers)}
         if split:
-            specs["rollout"] = PoolSpec("rollout", (tr.n_workers,), False, 1, workers)
+            specs["rollout"] = PoolSpec("rollout", per_node, False, 1, workers)
         return specs
     # the critic is a second group on the actor's bundles: two groups per GPU, half a GPU per worker
     colocate = 2 if cfg.use_critic else 1
@@ -208,32 +212,55 @@ def _alive_nodes() -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
+def node_key(resources: dict[str, float]) -> str | None:
+    """The node's own resource (`node:<ip>`, 1.0 on every Ray node): a bundle asking for a sliver of it can only be
+    placed on that node. None for the head's extra marker or a resource dict without one (tests)."""
+    keys = [k for k in resources if k.startswith("node:") and k != "node:__internal_head__"]
+    return keys[0] if len(keys) == 1 else None
+
+
 def check_cluster(specs: list[PoolSpec], nodes: list[dict[str, float]]) -> None:
-    """Raise PlacementError unless every pool's per-node placement group fits on some node of `nodes` (resources
-    per alive node), placing the largest first; groups of different pools may share a node."""
+    """Raise PlacementError unless every pool fits into `nodes` (resources per alive node); see assign_nodes."""
+    assign_nodes(specs, nodes)
+
+
+def assign_nodes(specs: list[PoolSpec], nodes: list[dict[str, float]]) -> dict[str, list[int]]:
+    """Fit every pool's per-node placement groups into `nodes` (resources per alive node), largest first: the groups
+    of one pool on distinct nodes (that is what trainer.nnodes means), groups of different pools may share a node.
+    Returns {pool name: [index into `nodes` of each group]}; raises PlacementError when something does not fit."""
     free = [dict(n) for n in nodes]
+    placed: dict[str, list[int]] = {s.name: [-1] * len(s.per_node) for s in specs}
     missing = []
-    for spec, count in sorted(((s, c) for s in specs for c in s.per_node), key=lambda sc: -sc[1]):
+    groups = sorted(((s, i, c) for s in specs for i, c in enumerate(s.per_node)), key=lambda sic: -sic[2])
+    for spec, i, count in groups:
         need = {k: v * count for k, v in spec.bundle.items()}
-        node = next((f for f in free if all(f.get(k, 0.0) >= v for k, v in need.items())), None)
-        if node is None:
+        taken = placed[spec.name]
+        fits = (j for j, f in enumerate(free) if j not in taken and all(f.get(k, 0.0) >= v for k, v in need.items()))
+        j = next(fits, None)
+        if j is None:
             missing.append(f"{spec.name} ({count} bundle(s) of {spec.bundle})")
             continue
+        taken[i] = j
         for k, v in need.items():
-            node[k] -= v
+            free[j][k] -= v
     if missing:
         raise PlacementError(
             f"the cluster cannot hold the worker pools [{'; '.join(s.describe() for s in specs)}]: no node left for "
             f"{', '.join(missing)}; the cluster has {len(nodes)} alive node(s) with GPUs "
             f"{[n.get('GPU', 0.0) for n in nodes]} and CPUs {[n.get('CPU', 0.0) for n in nodes]}. Lower "
-            f"trainer.n_gpus_per_node / trainer.nnodes / trainer.rollout_gpus_per_node (CPU: trainer.n_workers) "
-            f"or give Ray more (ray start --num-gpus / --num-cpus, more nodes)"
+            f"trainer.n_gpus_per_node / trainer.nnodes / trainer.rollout_gpus_per_node (CPU: trainer.nnodes / "
+            f"trainer.n_workers) or give Ray more (ray start --num-gpus / --num-cpus, more nodes)"
         )
+    return placed
 
 
-def create_pool(spec: PoolSpec, deadline: float, name: str | None = None) -> RayResourcePool:
+def create_pool(
+    spec: PoolSpec, deadline: float, name: str | None = None, nodes: list[str | None] | None = None
+) -> RayResourcePool:
     """The pool's placement groups, created here and waited for until `deadline` (time.monotonic()), then handed to
-    verl's pool (which returns them instead of creating and waiting without a timeout). PlacementError on timeout."""
+    verl's pool (which returns them instead of creating and waiting without a timeout). PlacementError on timeout.
+    `nodes[i]`: the node resource (node_key) group i is pinned to, as assign_nodes chose -- STRICT_PACK alone would
+    let two groups of a pool pack onto one node that has room for both."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -241,9 +268,10 @@ def create_pool(spec: PoolSpec, deadline: float, name: str | None = None) -> Ray
     pool = RayResourcePool(
         list(spec.per_node), use_gpu=spec.use_gpu, max_colocate_count=spec.colocate, name_prefix=name
     )
+    nodes = nodes or [None] * len(spec.per_node)
     pgs = [
-        placement_group([spec.bundle] * count, strategy="STRICT_PACK", name=f"{name}_pg{i}")
-        for i, count in enumerate(spec.per_node)
+        placement_group([_pinned(spec.bundle, node)] * count, strategy="STRICT_PACK", name=f"{name}_pg{i}")
+        for i, (count, node) in enumerate(zip(spec.per_node, nodes, strict=True))
     ]
     for pg in pgs:
         if not pg.wait(max(0.0, deadline - time.monotonic())):
@@ -260,15 +288,27 @@ def create_pool(spec: PoolSpec, deadline: float, name: str | None = None) -> Ray
     return pool
 
 
+def _pinned(bundle: dict[str, float], node: str | None) -> dict[str, float]:
+    return {**bundle, node: 0.001} if node else bundle
+
+
+def _pins(spec: PoolSpec, placed: dict[str, list[int]], nodes: list[dict[str, float]]) -> list[str | None]:
+    """The node resource of each of the pool's groups; pinned only when the pool spans nodes (one node: Ray picks)."""
+    if len(spec.per_node) == 1:
+        return [None]
+    return [node_key(nodes[j]) for j in placed[spec.name]]
+
+
 def build_pools(cfg: RSearchConfig) -> dict[str, RayResourcePool]:
     """Check the cluster, then create every pool within trainer.placement_timeout_s (PlacementError otherwise)."""
     specs = pool_specs(cfg)
-    check_cluster(list(specs.values()), _alive_nodes())
+    nodes = _alive_nodes()
+    placed = assign_nodes(list(specs.values()), nodes)
     deadline = time.monotonic() + cfg.trainer.placement_timeout_s
     pools: dict[str, RayResourcePool] = {}
     try:
         for role, spec in specs.items():
-            pools[role] = create_pool(spec, deadline)
+            pools[role] = create_pool(spec, deadline, nodes=_pins(spec, placed, nodes))
     except PlacementError:
         release_pools(pools.values())
         raise
@@ -287,8 +327,9 @@ def release_pools(pools) -> None:
 def _pool(cfg: RSearchConfig, name: str, role: str = "actor") -> RayResourcePool:
     """One pool of the config (`role`), named `name` (tests build groups one at a time)."""
     spec = pool_specs(cfg)[role]
-    check_cluster([spec], _alive_nodes())
-    return create_pool(spec, time.monotonic() + cfg.trainer.placement_timeout_s, name)
+    nodes = _alive_nodes()
+    placed = assign_nodes([spec], nodes)
+    return create_pool(spec, time.monotonic() + cfg.trainer.placement_timeout_s, name, _pins(spec, placed, nodes))
 
 
 def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, threads: int = 1, **kwargs) -> RayWorkerGroup:
