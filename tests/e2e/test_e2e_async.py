@@ -18,7 +18,7 @@ from rsearch_verl.trainer.health import FAULT_NAN_ENV
 
 ASYNC = ["trainer.placement=split", "trainer.ray_num_cpus=2", "rollout.n=2", "actor.ppo_mini_batch_size=4"]
 # values that measure time or this machine, not the run's maths
-VOLATILE = ("timing/", "search/latency", "search/batch", "retriever/")
+VOLATILE = ("timing/", "search/latency", "search/batch", "retriever/", "sync/")  # sync/bytes: 0 when colocated
 
 
 def _prompts_per_step(run_dir) -> dict[int, list[int]]:
