@@ -164,7 +164,10 @@ class RetrieverConfig(ConfigNode):
     max_retries: int = 3
     max_concurrency: int = 32
     cache: bool = True
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = 120.0  # the recipe's own server: index load until /health answers
+    # the preflight's wait for an external `url` (before any expensive start-up); raise it when the server starts
+    # together with the job
+    preflight_wait_s: float = 20.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 

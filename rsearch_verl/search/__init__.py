@@ -5,6 +5,6 @@ client = SearchClient(cfg.retriever)            # sources: local (cfg.url), arxi
 docs = await client(["query"], topk=3, source="local")
 """
 
-from rsearch_verl.search.client import SearchClient, SearchError, default_sources
+from rsearch_verl.search.client import SearchAuthError, SearchClient, SearchError, default_sources
 
-__all__ = ["SearchClient", "SearchError", "default_sources"]
+__all__ = ["SearchAuthError", "SearchClient", "SearchError", "default_sources"]

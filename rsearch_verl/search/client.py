@@ -12,6 +12,9 @@ exponential backoff and jitter; 4xx and unparseable answers are not retried. At 
 requests are in flight. For batched sources (our retrieval server) concurrent calls that arrive within
 `coalesce_ms` are merged into one POST, so many trajectories asking one query each cost one encoder batch.
 A final failure raises `SearchError`; protocols turn it into an error observation and the trajectory goes on.
+HTTP 401 / 403 raises `SearchAuthError` instead (not a `SearchError`, so no protocol turns it into an observation and
+the circuit breaker does not wait it out): a missing or wrong credential fails every search alike, so the rollout fails
+and the driver stops the run naming the variable (`RETRIEVER_TOKEN`, `SERPER_API_KEY`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,33 @@ class SearchError(RuntimeError):
         """The backend is down or overloaded (timeout, connection, HTTP 5xx / 429), not the request at fault: such a
         failure says nothing about the policy, so the circuit breaker counts it and the trainer drops the trajectory."""
         return self.kind in ("timeout", "connection", "http_429") or self.kind.startswith("http_5")
+
+
+class SearchAuthError(RuntimeError):
+    """A source rejected our credential (HTTP 401 / 403). Not an outage and not the policy's doing: the run must stop.
+    `variable` is the environment variable that holds the credential."""
+
+    def __init__(self, variable: str, message: str):
+        super().__init__(message)
+        self.variable = variable
+
+
+AUTH_STATUSES = (401, 403)
+
+
+def auth_error(src: Source, status: int, detail: str) -> SearchAuthError:
+    """The SearchAuthError for `src` answering `status`: says where, and which variable to set (never its value)."""
+    variable = src.secret_env or "the source's credential"
+    if not src.secret_env:
+        state = "was rejected"
+    else:  # the worker's environment is where the credential comes from unless code passed one explicitly
+        state = "was rejected" if os.environ.get(src.secret_env) else "is not set in the rollout worker"
+    return SearchAuthError(
+        variable,
+        f"{src.where or src.name} answered HTTP {status} ({detail.strip()[:120]}): {variable} {state}. Export "
+        f"{variable} with the server's credential where the run is started (it is forwarded to the Ray workers; "
+        "launch/submit.sh forwards it into the job's runtime env) and rerun.",
+    )
 
 
 def default_sources(cfg: RetrieverConfig) -> dict[str, Source]:
@@ -248,6 +278,9 @@ class SearchClient:
                     self._counts["requests"] += 1
                     return await src.search(self._http, queries, topk, self.cfg.timeout_s)
             except (httpx.HTTPError, SourceResponseError) as exc:
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in AUTH_STATUSES:
+                    # every retry and every other search would meet the same answer: stop, do not observe it
+                    raise auth_error(src, exc.response.status_code, exc.response.text) from exc
                 err, retryable = _classify(exc)
                 if not retryable or attempt >= self.cfg.max_retries:
                     logger.warning("search on %s failed after %d attempt(s): %s", src.name, attempt + 1, err)

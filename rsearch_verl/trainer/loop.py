@@ -29,6 +29,7 @@ from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.search.breaker import RetrieverDownError
+from rsearch_verl.search.client import SearchAuthError
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped, fault_nan_step
@@ -170,7 +171,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
-        with self.ckpts.writing(step) as tmp:
+        parts = ("actor",) if self.wg.critic is None else ("actor", "critic")
+        with self.ckpts.writing(step, parts=parts) as tmp:  # complete only with every rank's shards of each part
             self.wg.actor.save_checkpoint(os.path.join(tmp, "actor"))
             if self.wg.critic is not None:
                 self.wg.critic.save_checkpoint(os.path.join(tmp, "critic"))
@@ -264,6 +266,8 @@ class Trainer:
             saved = self._save_on_stop(step, reason)
             advice = f"{saved} {self._retriever_advice()}, then rerun with the same trainer.run_dir "
             advice += "(trainer.resume=auto) to continue."
+        elif isinstance(cause, SearchAuthError):  # a rejected credential: every search would fail the same way
+            reason, advice = str(cause).splitlines()[0], "Fix the credential, then rerun with the same trainer.run_dir."
         elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
             reason = f"a Ray worker died ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
             latest = self.ckpts.latest()

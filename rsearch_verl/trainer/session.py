@@ -1,7 +1,8 @@
-"""Everything around the training loop for one run: the run directory, data (rsearch_verl/data/run_data.py), the
-tokenizer, the warm start, the retrieval server, Ray, the worker groups, a progress bar and the final summary. What it
-resolves while starting goes into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived.
-Cleans up what it started, even on errors.
+"""Everything around the training loop for one run: the preflight (rsearch_verl/trainer/preflight.py: seconds, before
+anything expensive), the run directory, data (rsearch_verl/data/run_data.py), the tokenizer, the warm start, the
+retrieval server, Ray, the worker groups, a progress bar and the final summary. What it resolves while starting goes
+into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived. Cleans up what it started,
+even on errors. Secret env vars (rsearch_verl/trainer/secrets.py) reach the workers through Ray's runtime env.
 
 Usage (what `rsearch_verl.main.run` does):
     with TrainingSession(cfg, run_dir) as session:
@@ -27,7 +28,9 @@ from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
+from rsearch_verl.trainer.preflight import preflight
 from rsearch_verl.trainer.retriever_service import RetrieverService
+from rsearch_verl.trainer.secrets import worker_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +54,21 @@ def init_ray(cfg: RSearchConfig) -> bool:
 
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": worker_env_vars()}
+    # workers do not inherit the driver's environment on a cluster: the secrets travel in the runtime env (values
+    # never logged, only their names)
+    secrets = worker_secrets(cfg)
+    if secrets:
+        logger.info("forwarding %s to the Ray workers", ", ".join(sorted(secrets)))
     address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
-        # on a cluster the job's runtime env (launch/runtime_env.yaml) applies; a second one would conflict
-        ray.init(address=address, log_to_driver=True)
+        # inside `ray job submit` the job's runtime env (launch/runtime_env.yaml plus the secrets launch/submit.sh
+        # forwards) applies to every worker, and repeating its keys here would conflict; a driver started by hand
+        # against a running cluster has no job runtime env, so it passes the secrets itself
+        in_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+        runtime_env = {"env_vars": secrets} if secrets and not in_job else None
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return True
+    runtime_env = {"env_vars": {**worker_env_vars(), **secrets}}
     num_cpus = cfg.trainer.ray_num_cpus or max(2, os.cpu_count() or 2)
     ray.init(
         num_cpus=num_cpus,
@@ -85,7 +97,7 @@ class TrainingSession:
 
     def _prepare(self):
         recipe_cfg = self.cfg
-        os.makedirs(self.run_dir, exist_ok=True)
+        preflight(recipe_cfg, self.run_dir)  # seconds: before the data, the warm start and the workers
         data = load_run_data(recipe_cfg)
         ctx = RunContext(tokenizer_path=data.tokenizer_path)
         if recipe_cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached

@@ -23,7 +23,7 @@ from retrieval_server.app import create_app
 from retrieval_server.config import ServerConfig
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.rollout.protocols import get_protocol
-from rsearch_verl.search import SearchClient, SearchError, default_sources
+from rsearch_verl.search import SearchAuthError, SearchClient, SearchError, default_sources
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource
 from rsearch_verl.search.sources.arxiv import parse_atom
 
@@ -198,9 +198,9 @@ def test_serper_errors(base):
     url, state = base
     bad_key = SearchClient(RetrieverConfig(timeout_s=5.0, max_retries=3), {"web": SerperSource("nope", base_url=url)})
     n = len(state["serper"])
-    with pytest.raises(SearchError) as info:
+    with pytest.raises(SearchAuthError, match="SERPER_API_KEY") as info:  # a rejected key stops the run
         asyncio.run(bad_key(["q"], 1, source="web"))
-    assert info.value.kind == "http_401" and len(state["serper"]) == n + 1  # 4xx: not retried
+    assert not isinstance(info.value, SearchError) and len(state["serper"]) == n + 1  # not retried
     with pytest.raises(SearchError) as info:
         asyncio.run(_client(url)(["malformed"], 1, source="web"))
     assert info.value.kind == "bad_response"
@@ -226,7 +226,7 @@ def test_local_source_title_text_shape_and_token(base):
     docs = asyncio.run(_client(url)(["a", "b"], 1, source="local"))
     assert [d[0].contents for d in docs] == ['"T a"\nbody a', '"T b"\nbody b']
     no_token = SearchClient(RetrieverConfig(timeout_s=5.0), {"local": LocalSource(f"{url}/rag", token="")})
-    with pytest.raises(SearchError, match="http_401"):
+    with pytest.raises(SearchAuthError, match="RETRIEVER_TOKEN"):
         asyncio.run(no_token(["a"], 1))
 
 

@@ -22,6 +22,9 @@ class Source(ABC):
 
     name: str = ""
     batched: bool = False
+    # the environment variable holding this source's credential, named when the backend rejects it (HTTP 401 / 403)
+    secret_env: str = ""
+    where: str = ""  # the backend's address for messages (never a credential)
 
     @abstractmethod
     async def search(self, http: httpx.AsyncClient, queries: list[str], topk: int, timeout_s: float) -> list[list[Doc]]:

@@ -52,11 +52,13 @@ class LocalSource(Source):
 
     name = "local"
     batched = True
+    secret_env = "RETRIEVER_TOKEN"
 
     def __init__(self, url: str, token: str | None = None):
         if not url:
             raise ValueError("LocalSource needs the retrieval server URL (retriever.url)")
         self.url = url.rstrip("/")
+        self.where = f"retriever.url={self.url}"
         # our server's optional bearer token (retrieval_server's ServerConfig.token / $RETRIEVER_TOKEN)
         token = token if token is not None else os.environ.get("RETRIEVER_TOKEN")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -21,6 +21,7 @@ class SerperSource(Source):
     """One query per request (the API takes one `q`); `kind` is "search" (web) or "news"."""
 
     batched = False
+    secret_env = "SERPER_API_KEY"
 
     def __init__(self, api_key: str | None = None, kind: str = "search", base_url: str = SERPER_URL):
         if kind not in ("search", "news"):
@@ -31,6 +32,7 @@ class SerperSource(Source):
         self.kind = kind
         self.name = "web" if kind == "search" else "news"
         self.base_url = base_url.rstrip("/")
+        self.where = self.base_url
 
     async def search(self, http: httpx.AsyncClient, queries: list[str], topk: int, timeout_s: float) -> list[list[Doc]]:
         if len(queries) != 1:

@@ -1,0 +1,133 @@
+"""Preflight: the cheap checks a run makes before anything expensive (data, the warm start, Ray, worker groups).
+
+A dead `retriever.url`, a run directory that cannot be written or a missing retriever token used to surface only
+after minutes of start-up (the toy warm start alone takes ~10 min from an empty cache on a 2-core machine). These
+checks take seconds and stop the run with exit code 3 and a message that names the config key or variable to fix
+(docs/health.md):
+
+- `trainer.run_dir` can be created and written;
+- an external `retriever.url` answers `GET /health` within `retriever.preflight_wait_s` (a few bounded probes,
+  each logged);
+- when that server requires a bearer token (its /health says `"auth": true`) `RETRIEVER_TOKEN` is set, and a set
+  token is accepted (one unauthenticated-body POST /retrieve: the server checks the token before the body, so it
+  costs no search);
+- a judge endpoint with an `api_key_env` that is not set gets a warning (local judges need no key).
+
+    from rsearch_verl.trainer.preflight import preflight
+    preflight(cfg, run_dir)    # raises PreflightError (a RunStopped: exit 3) naming what to fix
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+import httpx
+
+from rsearch_verl.config import RSearchConfig
+from rsearch_verl.trainer.health import RunStopped
+
+logger = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0  # one GET /health; a server that cannot answer that in 5 s is not ready to serve a rollout
+PROBE_INTERVAL_S = 4.0
+AUTH_STATUSES = (401, 403)
+
+
+class PreflightError(RunStopped):
+    """A start-up check failed; the message names the key or variable to fix."""
+
+
+def preflight(cfg: RSearchConfig, run_dir: str) -> None:
+    """Run every check for `cfg`; raise PreflightError at the first that fails."""
+    start = time.monotonic()
+    check_run_dir(run_dir)
+    if cfg.retriever.url:
+        info = wait_for_retriever(cfg.retriever.url, cfg.retriever.preflight_wait_s)
+        check_retriever_token(cfg.retriever.url, info, os.environ.get("RETRIEVER_TOKEN"))
+    judge = cfg.reward.judge
+    if judge.url and judge.api_key_env and not os.environ.get(judge.api_key_env):
+        logger.warning("reward.judge.url is set but %s is not: the judge is called without a key", judge.api_key_env)
+    logger.info("preflight passed in %.1f s", time.monotonic() - start)
+
+
+def check_run_dir(run_dir: str) -> None:
+    """`run_dir` exists (made if needed) and a file can be written in it."""
+    probe = os.path.join(run_dir, f".preflight-{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok\n")
+        os.remove(probe)
+    except OSError as exc:
+        raise PreflightError(
+            f"trainer.run_dir={run_dir} is not writable ({exc}); point it at a writable directory"
+        ) from exc
+
+
+def wait_for_retriever(url: str, wait_s: float) -> dict:
+    """Probe `GET {url}/health` until it answers 200 or `wait_s` has passed; return its JSON (or {})."""
+    url = url.rstrip("/")
+    deadline = time.monotonic() + max(0.0, wait_s)
+    attempt, last = 0, "no answer"
+    while True:
+        attempt += 1
+        try:
+            resp = httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)
+            if resp.status_code == 200:
+                return _json_or_empty(resp)
+            last = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        logger.warning(
+            "preflight: waiting for retriever.url=%s to answer GET /health (probe %d: %s; %.0f s left of "
+            "retriever.preflight_wait_s=%g)",
+            url,
+            attempt,
+            last,
+            left,
+            wait_s,
+        )
+        time.sleep(min(PROBE_INTERVAL_S, left))
+    raise PreflightError(
+        f"retriever.url={url} does not answer GET /health after {attempt} probe(s) over {wait_s:g} s ({last}). "
+        "Start the retrieval server (python -m retrieval_server serve --index DIR --port PORT, see docs/retriever.md), "
+        "fix retriever.url, or unset it to let the recipe start its own; raise retriever.preflight_wait_s when the "
+        "server starts together with the job."
+    )
+
+
+def check_retriever_token(url: str, health: dict, token: str | None) -> None:
+    """A server that requires a token gets one, and the one we have is accepted (HTTP 401 / 403 otherwise)."""
+    if health.get("auth") and not token:
+        raise PreflightError(
+            f"retriever.url={url} requires a bearer token (its /health says auth) but RETRIEVER_TOKEN is not set: "
+            "export RETRIEVER_TOKEN with the server's --token where the run is started"
+        )
+    if not token:
+        return
+    # a body the server rejects (4xx) only after checking the token: no search runs, no encoder batch is paid
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        resp = httpx.post(f"{url.rstrip('/')}/retrieve", json={"preflight": True}, headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        logger.warning("preflight: could not check RETRIEVER_TOKEN against %s (%s)", url, exc)
+        return
+    if resp.status_code in AUTH_STATUSES:
+        raise PreflightError(
+            f"retriever.url={url} rejected RETRIEVER_TOKEN (HTTP {resp.status_code}): export the server's --token as "
+            "RETRIEVER_TOKEN where the run is started"
+        )
+
+
+def _json_or_empty(resp: httpx.Response) -> dict:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
