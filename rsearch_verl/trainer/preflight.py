@@ -11,7 +11,8 @@ checks take seconds and stop the run with exit code 3 and a message that names t
 - when that server requires a bearer token (its /health says `"auth": true`) `RETRIEVER_TOKEN` is set, and a set
   token is accepted (one unauthenticated-body POST /retrieve: the server checks the token before the body, so it
   costs no search);
-- a judge endpoint with an `api_key_env` that is not set gets a warning (local judges need no key).
+- a judge endpoint with an `api_key_env` that is not set gets a warning (local judges need no key), and so do the
+  web / news tools of a multi-source protocol without `SERPER_API_KEY` (by design those answer error observations).
 
     from rsearch_verl.trainer.preflight import preflight
     preflight(cfg, run_dir)    # raises PreflightError (a RunStopped: exit 3) naming what to fix
@@ -47,10 +48,19 @@ def preflight(cfg: RSearchConfig, run_dir: str) -> None:
     if cfg.retriever.url:
         info = wait_for_retriever(cfg.retriever.url, cfg.retriever.preflight_wait_s)
         check_retriever_token(cfg.retriever.url, info, os.environ.get("RETRIEVER_TOKEN"))
+    warn_missing_keys(cfg)
+    logger.info("preflight passed in %.1f s", time.monotonic() - start)
+
+
+def warn_missing_keys(cfg: RSearchConfig) -> None:
+    """Warnings only: a keyless judge may be a local server, and a web tool without a key is a recipe's choice."""
     judge = cfg.reward.judge
     if judge.url and judge.api_key_env and not os.environ.get(judge.api_key_env):
         logger.warning("reward.judge.url is set but %s is not: the judge is called without a key", judge.api_key_env)
-    logger.info("preflight passed in %.1f s", time.monotonic() - start)
+    tools = cfg.rollout.protocol_kwargs.get("tools")  # a multi-source protocol's {tool name: source}
+    web = sorted({src for src in tools.values() if src in ("web", "news")}) if isinstance(tools, dict) else []
+    if web and not os.environ.get("SERPER_API_KEY"):
+        logger.warning("SERPER_API_KEY is not set: the %s search tools answer error observations", "/".join(web))
 
 
 def check_run_dir(run_dir: str) -> None:

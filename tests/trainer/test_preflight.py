@@ -108,3 +108,11 @@ def test_an_auth_error_from_a_rollout_worker_stops_the_run():
     stopped = Trainer._stopped(fake, wrapped)
     assert isinstance(stopped, RunStopped) and "during step 5" in str(stopped) and "RETRIEVER_TOKEN" in str(stopped)
     assert stops == [(5, str(cause))]
+
+
+def test_missing_web_key_is_a_warning(caplog, monkeypatch, tmp_path):
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    cfg = load_config(["+recipe=r_search_dag_grpo"])
+    with caplog.at_level(logging.WARNING):
+        preflight(cfg, str(tmp_path))
+    assert "SERPER_API_KEY is not set: the news/web search tools" in caplog.text
