@@ -1,6 +1,13 @@
 """The recipe's own retrieval server: build the index if needed, start `python -m retrieval_server serve` as a
-separate process on 127.0.0.1 (a free port), wait until `/health` answers, stop it at the end. `restart()` starts it
-again on the same port (the rollout workers keep its URL); rsearch_verl/trainer/health/supervisor.py decides when.
+separate process on a free port, wait until `/health` answers, stop it at the end. `restart()` starts it again on the
+same port (the rollout workers keep its URL); rsearch_verl/trainer/health/supervisor.py decides when.
+
+Where it listens: on a cluster (`RAY_ADDRESS` set, as inside `ray job submit`) the driver's own address toward the
+Ray head -- the address every host of the cluster reaches this one at -- never the loopback, which on another host is
+that host's own; with a local Ray (the cluster is this machine) on 127.0.0.1. Off the loopback it requires a bearer
+token: `$RETRIEVER_TOKEN` when the driver has one, else a generated one, put into the driver's environment (the
+server and the search clients read it there) and forwarded to the worker actors by rsearch_verl/workers/placement.py
+-- never written to config.yaml or a log. On the loopback it uses `$RETRIEVER_TOKEN` if set, as before.
 
 When `retriever.url` is set the driver uses that external server instead (checked with a bounded health probe: a
 clear error before any step when it does not answer) and starts nothing.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -31,10 +39,34 @@ class RetrieverError(RuntimeError):
     """The retrieval server could not be built, started or reached."""
 
 
-def free_port() -> int:
+TOKEN_ENV = "RETRIEVER_TOKEN"  # what the server and the search clients (search/sources/local.py) read
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def serving_host(ray_address: str | None) -> str:
+    """The address to serve on: the local end of a route to the Ray head of `ray_address` (what RAY_ADDRESS holds:
+    host:port, a ray:// or http:// URL, or "auto"), so every host of the cluster can reach it; 127.0.0.1 without a
+    cluster address (a local Ray: the cluster is this machine)."""
+    if not ray_address or ray_address == "local":
+        return "127.0.0.1"
+    if ray_address == "auto":
+        import ray
+
+        return ray.util.get_node_ip_address()
+    from urllib.parse import urlparse
+
+    head = urlparse(ray_address if "://" in ray_address else f"//{ray_address}").hostname
+    if not head or head in LOOPBACK:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # UDP connect: picks the route, sends nothing
+        sock.connect((head, 9))
+        return sock.getsockname()[0]
 
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> dict:
@@ -74,6 +106,7 @@ class RetrieverService:
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self._log_file = None
+        self._env_before: str | None = None
         # decided now: once the own server is up, the session derives the run's config with its URL (RunContext)
         self.owned = not cfg.url  # True: this service starts the server (and may restart it)
 
@@ -93,7 +126,13 @@ class RetrieverService:
         if not (self.corpus and self.index_dir):
             raise RetrieverError("retriever.url is unset and there is no corpus to serve: set retriever.url")
         ensure_index(self.cfg, self.corpus, self.index_dir)
-        self.url = f"http://127.0.0.1:{free_port()}"
+        host = serving_host(os.environ.get("RAY_ADDRESS"))
+        self.url = f"http://{host}:{free_port(host)}"
+        # reachable from other hosts: a token (the clients of this process read it from the environment; placement
+        # forwards it to the worker actors); close() puts back what was there (a test process runs many services)
+        self._env_before = os.environ.get(TOKEN_ENV)
+        if host not in LOOPBACK:
+            os.environ[TOKEN_ENV] = self._env_before or secrets.token_urlsafe(32)
         self._log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             info = self._spawn()
@@ -104,9 +143,10 @@ class RetrieverService:
         return self.url
 
     def _spawn(self) -> dict:
-        port = self.url.rsplit(":", 1)[1]
+        host, port = self.url.split("://", 1)[1].rsplit(":", 1)
         cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", self.index_dir]
-        cmd += ["--host", "127.0.0.1", "--port", port]
+        cmd += ["--host", host, "--port", port]
+        # the token (if any) goes through the environment the server inherits: argv is world-readable
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
         return wait_healthy(self.url, self.cfg.start_timeout_s, self.proc)
 
@@ -134,6 +174,8 @@ class RetrieverService:
 
     def close(self) -> None:
         self._stop_process()
+        if self.owned and self.url is not None and self._env_before is None:
+            os.environ.pop(TOKEN_ENV, None)
         if self._log_file not in (None, subprocess.DEVNULL):
             self._log_file.close()
         self._log_file = None

@@ -64,6 +64,26 @@ def local_device(device: str) -> torch.device:
     return torch.device(name, index)
 
 
+def pin_gloo_interface(master_addr: str) -> None:
+    """Gloo announces the address its host name resolves to, which is often a loopback one (/etc/hosts mapping the
+    host name to 127.0.0.1 or 127.0.1.1): ranks on other hosts then dial their own loopback and the rendezvous times
+    out. Unless GLOO_SOCKET_IFNAME says otherwise, use the interface that routes to the rendezvous address."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or master_addr in ("127.0.0.1", "localhost", "::1"):
+        return
+    import socket
+
+    import psutil
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # UDP connect: picks the route, sends nothing
+        sock.connect((master_addr, 9))
+        local = sock.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == local for a in addrs) and not local.startswith("127."):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            logger.info("gloo on %s (%s): the route to MASTER_ADDR=%s", name, local, master_addr)
+            return
+
+
 def init_distributed(device: str, timeout_s: float = 1800.0) -> torch.device:
     """Join the worker group's process group once (gloo on CPU; on an accelerator verl's pair: gloo for CPU tensors,
     NCCL for device tensors) with an explicit collective timeout; return this rank's device."""
@@ -78,6 +98,7 @@ def init_distributed(device: str, timeout_s: float = 1800.0) -> torch.device:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
+        pin_gloo_interface(os.environ["MASTER_ADDR"])
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
         logger.info("process group %s rank %d/%d on %s (timeout %.0f s)", backend, rank, world, dev, timeout_s)

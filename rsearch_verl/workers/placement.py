@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import numpy as np
@@ -338,9 +339,90 @@ def _group(pool: RayResourcePool, cls, cfg: RSearchConfig, name: str, threads: i
     ray_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg_dict=to_dict(cfg), **kwargs)
     if threads > 1:  # a threaded actor: weights and idle queries are served while a batch generates
         ray_cls.update_options({"max_concurrency": threads})
-    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=ray_cls, name_prefix=name)
+    # per-actor env vars (verl's worker_env; Ray merges them into the job's runtime env): the retrieval server's
+    # token reaches the workers on every host this way, and never through the config
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=ray_cls, name_prefix=name, worker_env=worker_env(cfg))
     group.init_model()
     return group
+
+
+def worker_env(cfg: RSearchConfig) -> dict[str, str] | None:
+    """The secret env vars the driver has (rsearch_verl/trainer/secrets.py), for every worker actor: among them the
+    token of the retriever the driver started, which exists in no job's runtime env (None: nothing to add)."""
+    from rsearch_verl.trainer.secrets import worker_secrets
+
+    return worker_secrets(cfg) or None
+
+
+# ------------------------------------------------------------------------------------------------- hosts
+
+
+class HostError(PlacementError):
+    """A host of the cluster cannot run the workers: it does not see the run directory, a path of the config or the
+    retrieval server (raised before any worker starts)."""
+
+
+def _host_problems(run_dir: str | None, paths: dict[str, str], url: str | None) -> list[str]:
+    """Run on a host: what the workers there would miss (an empty list when nothing)."""
+    import httpx
+
+    problems = []
+    if run_dir and not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        problems.append(f"trainer.run_dir={run_dir} is not visible (its config.yaml is missing)")
+    problems += [f"{key}={path} does not exist" for key, path in paths.items() if not os.path.exists(path)]
+    if url:
+        try:
+            httpx.get(f"{url}/health", timeout=5.0).raise_for_status()
+        except httpx.HTTPError as exc:
+            problems.append(f"retriever.url={url} does not answer GET /health ({exc!r})")
+    return problems
+
+
+def driver_paths(cfg: RSearchConfig) -> dict[str, str]:
+    """The config's local paths the workers load (absolute, present on the driver's disk), by config key."""
+    m = cfg.model
+    keys = {"model.path": m.path, "model.tokenizer_path": m.tokenizer_path, "model.sft_checkpoint": m.sft_checkpoint}
+    return {k: v for k, v in keys.items() if v and os.path.isabs(v) and os.path.exists(v)}
+
+
+def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
+    """On a cluster of several hosts: fail fast (HostError) unless every other host sees trainer.run_dir, the config's
+    local paths and the retrieval server -- a probe task on each host, before any worker starts. A loopback
+    retriever.url is an error there (on another host it is that host's own loopback). One host: nothing to check."""
+    from urllib.parse import urlparse
+
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    others = [n for n in ray.nodes() if n.get("Alive") and n["NodeManagerAddress"] != here]
+    if not others:
+        return
+    url = cfg.retriever.url
+    if url and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1"):
+        raise HostError(
+            f"retriever.url={url} is a loopback address, but the cluster has {len(others) + 1} hosts: workers on the "
+            "others would reach their own loopback. Serve the retriever on an address every host can reach, or "
+            "unset retriever.url to let the run start its own on this host's cluster address"
+        )
+    run_dir = cfg.trainer.run_dir
+    if not run_dir or not os.path.isabs(run_dir):
+        raise HostError(
+            f"trainer.run_dir={run_dir!r}: a cluster of {len(others) + 1} hosts needs an absolute path on a "
+            "filesystem every host mounts at the same path (checkpoints, published model files)"
+        )
+    probe = ray.remote(num_cpus=0)(_host_problems)
+    ips = [n["NodeManagerAddress"] for n in others]
+    pending = [probe.options(resources={f"node:{ip}": 0.001}).remote(run_dir, driver_paths(cfg), url) for ip in ips]
+    problems = [
+        f"host {ip}: {p}" for ip, found in zip(ips, ray.get(pending, timeout=timeout_s), strict=True) for p in found
+    ]
+    if problems:
+        raise HostError(
+            "the workers' hosts cannot run this config: "
+            + "; ".join(problems)
+            + ". trainer.run_dir must be on a filesystem every host shares; the retriever must be reachable from "
+            "every host (see docs/cluster.md, Multi-host)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +447,7 @@ def build_worker_groups(cfg: RSearchConfig, classes: WorkerClasses | None = None
     PlacementError within trainer.placement_timeout_s when the cluster cannot hold them."""
     classes = classes or default_worker_classes()
     split = cfg.trainer.placement == "split"
+    check_hosts(cfg)
     pools = build_pools(cfg)
     actor = _group(pools["actor"], classes.actor, cfg, "actor", with_rollout=not split)
     critic = _group(pools["actor"], classes.critic, cfg, "critic") if cfg.use_critic else None

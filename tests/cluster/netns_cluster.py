@@ -96,6 +96,7 @@ class NetnsCluster:
         self.prefix = ""
         self.head_temp = ""
         self.shared = ""  # the run directory's parent, seen by every host
+        self.driver_dir = ""  # on the head's (the driver's) private disk: /tmp of the machine, not of the hosts
         self.gcs_port = self.dashboard_port = 0
 
     # ------------------------------------------------------------------------------------------------ addresses
@@ -120,6 +121,7 @@ class NetnsCluster:
             self._network()
             self.shared = tempfile.mkdtemp(prefix=f"{self.tag}_", dir=SHARED_ROOT)
             os.chmod(self.shared, 0o755)
+            self.driver_dir = tempfile.mkdtemp(prefix=f"{self.tag}_driver_", dir="/tmp")
             self._start_head(timeout_s)
             for i in range(self.n_hosts):
                 self._start_host(i)
@@ -245,10 +247,10 @@ class NetnsCluster:
                 return done
             time.sleep(2)
 
-    def submit_script(self, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    def submit_script(self, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """`ray job submit` of a Python script of this checkout (the same runtime env as launch/submit.sh)."""
         cmd = [os.path.join(VENV_BIN, "ray"), "job", "submit", "--address", self.dashboard, "--working-dir", "."]
-        cmd += ["--runtime-env", "launch/runtime_env.yaml", "--", os.path.join(VENV_BIN, "python"), script]
+        cmd += ["--runtime-env", "launch/runtime_env.yaml", "--", os.path.join(VENV_BIN, "python"), script, *args]
         deadline = time.monotonic() + timeout
         while True:
             done = subprocess.run(cmd, cwd=ROOT, env=ray_env(), capture_output=True, text=True, timeout=timeout)
@@ -285,10 +287,10 @@ class NetnsCluster:
         for link in reversed(self.links):
             _sh("ip", "link", "del", link, check=False)  # a veth's peer goes with it
         self.links = []
-        for path in (self.head_temp, self.shared):
+        for path in (self.head_temp, self.shared, self.driver_dir):
             if path:
                 shutil.rmtree(path, ignore_errors=True)
-        self.head_temp = self.shared = ""
+        self.head_temp = self.shared = self.driver_dir = ""
 
     @staticmethod
     def _kill_namespace(ns: str) -> None:

@@ -1,6 +1,7 @@
 """Placement follows trainer.nnodes on CPU (rsearch_verl/workers/placement.py): n_workers / nnodes bundles per node,
 a pool's groups on distinct nodes, the cluster checked before any worker starts. Pure checks, then the multi-host
-harness (tests/cluster/netns_cluster.py): a 2-worker, 2-node config puts one worker on each host.
+harness (tests/cluster/netns_cluster.py): a 2-worker, 2-node config puts one worker on each host; a cluster too small,
+a loopback retriever.url and a run directory only the driver sees are errors naming the key, before any worker starts.
 
     .venv/bin/python -m pytest tests/cluster/test_cluster_placement.py        # the harness test is marked slow
 """
@@ -41,9 +42,12 @@ def test_check_cluster_puts_a_pools_groups_on_distinct_nodes():
 @pytest.mark.slow
 def test_two_workers_two_nodes_one_per_host(netns_cluster):
     cluster = netns_cluster
-    done = cluster.submit_script("tests/cluster/placement_job.py")
+    done = cluster.submit_script("tests/cluster/placement_job.py", cluster.shared)
     assert done.returncode == 0, job_logs(cluster, done)
     line = next(x for x in done.stdout.splitlines() if x.startswith("PLACEMENT "))
     report = json.loads(line[len("PLACEMENT ") :])
     assert sorted(r["ip"] for r in report["ranks"]) == sorted([cluster.host_ip(0), cluster.host_ip(1)]), report
-    assert "trainer.nnodes" in report["nnodes3_error"] and "3 alive node(s)" in report["nnodes3_error"], report
+    errors = report["errors"]
+    assert "trainer.nnodes" in errors["nnodes3"] and "3 alive node(s)" in errors["nnodes3"], report
+    assert "retriever.url=http://127.0.0.1:8000 is a loopback address" in errors["loopback_url"], report
+    assert "trainer.run_dir=/tmp/" in errors["private_run_dir"] and "not visible" in errors["private_run_dir"], report
