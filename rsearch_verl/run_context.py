@@ -7,17 +7,31 @@ evaluation. They live in a `RunContext`; `RunContext.apply` derives the run's co
 them -- the one place this happens -- and validates (so freezes) the result. That derived config is what the
 workers receive (as `to_dict(cfg)`) and what the run directory's config.yaml records.
 
+What the run resolved itself (the toy tokenizer, the warm start) is built in the driver's cache, on the driver's disk;
+on a cluster of several hosts the workers cannot read it there. `published(run_dir)` copies those directories into
+the run directory (`<run_dir>/published/`), which every host must see, and points the context at the copies: the
+config the workers receive never names a path on the driver's private disk. A copy is made in a temporary directory
+inside the run directory and renamed into place, so a worker never sees half a copy, and a resumed run reuses it.
+
 Usage:
     ctx = RunContext(tokenizer_path=data.tokenizer_path)
     ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(cfg)))
-    run_cfg = dataclasses.replace(ctx, retriever_url=url).apply(cfg)
+    run_cfg = dataclasses.replace(ctx, retriever_url=url).published(run_dir).apply(cfg)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import shutil
+import tempfile
 
 from rsearch_verl.config import RSearchConfig, validate
+
+logger = logging.getLogger(__name__)
+
+PUBLISHED = "published"  # under the run directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,3 +58,36 @@ class RunContext:
         if self.retriever_url is not None:
             changes["retriever"] = dataclasses.replace(cfg.retriever, url=self.retriever_url)
         return validate(dataclasses.replace(cfg, **changes)) if changes else cfg
+
+    def published(self, run_dir: str) -> RunContext:
+        """This context with its own files (tokenizer_path, sft_checkpoint) copied into `<run_dir>/published/`, where
+        every host of the cluster sees them (the run directory must be shared), and the paths pointing there."""
+        changes = {
+            field: publish(path, run_dir, field)
+            for field in ("tokenizer_path", "sft_checkpoint")
+            if (path := getattr(self, field)) is not None
+        }
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+def publish(src: str, run_dir: str, kind: str) -> str:
+    """`src` (a directory) copied to `<run_dir>/published/<kind>-<name of src>` unless it is there already (the
+    names carry the cache keys); atomic: copied to a temporary directory beside it, then renamed."""
+    src = os.path.abspath(src)
+    root = os.path.join(os.path.abspath(run_dir), PUBLISHED)
+    if src.startswith(root + os.sep):
+        return src
+    dst = os.path.join(root, f"{kind}-{os.path.basename(src.rstrip(os.sep))}")
+    if os.path.isdir(dst):
+        return dst
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        os.rename(tmp, dst)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(dst):  # another publisher's rename won the race: theirs is the same files
+            raise
+    logger.info("published %s %s -> %s (the run directory every host sees)", kind, src, dst)
+    return dst

@@ -115,6 +115,7 @@ class TrainingSession:
             cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
         )
         self.context = dataclasses.replace(ctx, retriever_url=self._stack.enter_context(self.retriever))
+        self.context = self.context.published(self.run_dir)  # the workers' hosts see the run dir, not our cache
         self.cfg = self.context.apply(recipe_cfg)
         _write_config(self.cfg, self.run_dir)
         return tokenizer, train, val
