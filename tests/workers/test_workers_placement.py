@@ -122,8 +122,14 @@ def gpu_cluster():
            "--object-store-memory=100000000"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_prestart_worker_first_driver"] = "0"  # no idle worker per CPU: 16 processes the 2 cores don't need
-    # a token another job left in ~/.ray/auth_token would make the head demand it from our (token-less) driver
-    env.update(HOME=temp_dir, RAY_AUTH_MODE="disabled")
+    # The head's auth mode follows this (driver) process's, which Ray fixes for good: disabled in a fresh process
+    # (then the head gets its own HOME, so a token another job left in ~/.ray/auth_token is not demanded), token once
+    # an earlier local ray.init in this pytest process switched to it (then both read ~/.ray/auth_token; a
+    # token-mode driver's actors never start on a token-less head)
+    if os.environ.get("RAY_AUTH_MODE") == "token":
+        env["RAY_AUTH_MODE"] = "token"
+    else:
+        env.update(HOME=temp_dir, RAY_AUTH_MODE="disabled")
     log = open(os.path.join(temp_dir, "head.log"), "wb")  # noqa: SIM115 (closed in the finalizer)
     head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
