@@ -60,7 +60,8 @@ class RolloutRunner:
 
     def generate(self, prompts: DataProto, restore: Callable[[], Weights] | None = None) -> DataProto:
         """The rollout of `prompts`. `restore` (colocated): returns the policy's weights (may be a collective: every
-        rank's engine is in the same state, so all ranks call it together); the engine sleeps after the batch."""
+        rank's engine is in the same state, so all ranks call it together); the engine sleeps after the batch when that
+        frees memory (CUDA vLLM): an engine that keeps its weights anyway would only have to reload them."""
         from rsearch_verl.rollout.agent_loop import generate_batch
 
         if restore is not None:
@@ -76,7 +77,7 @@ class RolloutRunner:
             pad_prompt_to=self.cfg.data.max_prompt_length,
             pad_response_to=self.cfg.rollout.max_response_length,
         )
-        if restore is not None:
+        if restore is not None and self.engine.frees_memory_on_sleep:
             self.engine.sleep(self.SLEEP_LEVEL)  # the actor's turn: log-probs and the update
         return out
 

