@@ -39,8 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rsearch_verl.config import load_config  # noqa: E402
+from rsearch_verl.search.service import RetrieverService  # noqa: E402
 from rsearch_verl.testing.latency_proxy import latency_proxy, serve  # noqa: E402
-from rsearch_verl.trainer.retriever_service import RetrieverService  # noqa: E402
 
 logger = logging.getLogger("async_training")
 BASE = [

@@ -1,7 +1,7 @@
 """Outage and recovery times of the recipe's own retrieval server under the driver's supervision.
 
 A BM25 index over a small corpus is served by `python -m retrieval_server serve`, started by `RetrieverService` exactly
-as a training run starts it, and watched by `RetrieverSupervisor` (rsearch_verl/trainer/health/supervisor.py) with the
+as a training run starts it, and watched by `RetrieverSupervisor` (rsearch_verl/search/supervisor.py) with the
 default `retriever.supervisor` settings. Each trial SIGKILLs the server while the supervisor watches (as during a
 step) and measures, from the kill:
 
@@ -31,8 +31,8 @@ import time
 import httpx
 
 from rsearch_verl.config import RetrieverConfig
-from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
-from rsearch_verl.trainer.retriever_service import RetrieverService, ensure_index
+from rsearch_verl.search.service import RetrieverService, ensure_index
+from rsearch_verl.search.supervisor import RetrieverSupervisor
 
 logger = logging.getLogger("retriever_outage")
 

@@ -2,6 +2,7 @@
 # Build the retrieval index if it is missing, then serve it (see docs/retriever.md).
 #
 #   bash launch/retriever.sh                                   # toy defaults: MiniLM + flat over $CORPUS
+#   REPLICAS=2 bash launch/retriever.sh                        # the same through Ray Serve, 2 replicas
 #   # the real Wikipedia setup (wiki-18, 21M passages, e5-base-v2; see docs/retriever.md for which index fits where):
 #   CORPUS=/data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq_rerank INDEX_DIR=/data/indexes/wiki18_e5_ivfpq_rerank \
 #     DEVICE=cuda BUILD_ARGS="--batch-size 512 --encoder-path /models/e5-base-v2" PORT=8000 bash launch/retriever.sh
@@ -16,6 +17,9 @@
 #   HOST PORT   bind address and port                                (default 127.0.0.1 8000)
 #   DEVICE      cpu | cuda (cuda: fp16 encoder, FAISS sharded over all visible GPUs)   (default cpu)
 #   RETRIEVER_TOKEN  bearer token required on /retrieve (read by the server itself)
+#   REPLICAS    serve through Ray Serve with N replicas spread over the Ray cluster at $RAY_ADDRESS (unset: a local
+#               Ray), a proxy on every node at HOST:PORT; unset or 0: one process (default). See docs/retriever.md
+#   REPLICA_CPUS  CPUs per Serve replica; its threads are sized to them            (default 1)
 #   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--mode searchr1 --max-topk 50"
 #   PYTHON      interpreter (default .venv/bin/python)
 set -euo pipefail
@@ -41,4 +45,4 @@ fi
 
 # shellcheck disable=SC2086
 exec "$PY" -m retrieval_server serve --index "$INDEX_DIR" --host "$HOST" --port "$PORT" --device "$DEVICE" \
-  ${SERVE_ARGS:-}
+  --replicas "${REPLICAS:-0}" --replica-cpus "${REPLICA_CPUS:-1}" ${SERVE_ARGS:-}

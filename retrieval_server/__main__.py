@@ -3,9 +3,11 @@
     python -m retrieval_server build --corpus C.jsonl --encoder minilm --index-type flat --out DIR
     python -m retrieval_server serve --index DIR --host 127.0.0.1 --port 8000 [--token T] [--mode batched|searchr1]
                                      [--batch-max 64] [--batch-wait-ms 0] [--max-topk 100] [--device cpu]
+                                     [--replicas N [--replica-cpus 1]]   # Ray Serve, see retrieval_server/replicas.py
 
 `serve` binds 127.0.0.1 unless `--host` says otherwise; `--token` (or $RETRIEVER_TOKEN) turns on bearer auth for
-/retrieve. One uvicorn worker: the index is loaded once and the micro-batcher owns the cores.
+/retrieve. One uvicorn worker: the index is loaded once and the micro-batcher owns the cores; `--replicas N` serves
+the same app from N Ray Serve replicas instead.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=0, help="batches searched at once (0 = auto: 2 on a multi-core CPU, else 1)"
     )
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="serve through Ray Serve with this many replicas on the cluster at $RAY_ADDRESS (unset: a local Ray); "
+        "0 = one uvicorn process (default)",
+    )
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each Serve replica asks Ray for")
 
 
 def search_workers(args: argparse.Namespace) -> int:
@@ -50,7 +60,7 @@ def search_workers(args: argparse.Namespace) -> int:
         return 1
     if args.workers:
         return args.workers
-    return 2 if args.device == "cpu" and (os.cpu_count() or 1) >= 2 else 1
+    return 2 if args.device == "cpu" and len(os.sched_getaffinity(0)) >= 2 else 1
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -73,6 +83,14 @@ def serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
     )
     config = config.with_env_token().validated()
+    if args.replicas < 0 or args.replica_cpus <= 0:
+        raise ValueError(f"--replicas must be >= 0 and --replica-cpus > 0, got {args.replicas}, {args.replica_cpus}")
+    _warn_if_open(config)
+    if args.replicas:
+        from retrieval_server.replicas import run_until_signalled
+
+        run_until_signalled(args.index, config, args.replicas, args.replica_cpus, args.device)
+        return
 
     import uvicorn
 
@@ -86,8 +104,6 @@ def serve(args: argparse.Namespace) -> None:
     retriever = load_retriever(args.index, device=args.device)
     retriever.search(["warm up the encoder and the index"], 1)  # first-call allocations out of the first request
     app = create_app(config, retriever)
-    if config.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
-        logger.warning("serving on %s without a token: anyone who can reach the port can query", config.host)
     logger.info(
         "serving %s (%d docs, mode %s) on http://%s:%d",
         args.index,
@@ -97,6 +113,11 @@ def serve(args: argparse.Namespace) -> None:
         config.port,
     )
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False, workers=1)
+
+
+def _warn_if_open(config: ServerConfig) -> None:
+    if config.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+        logger.warning("serving on %s without a token: anyone who can reach the port can query", config.host)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ Run it with `python -m retrieval_server serve --index DIR` (see `__main__.py`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import logging
 import os
@@ -240,12 +241,12 @@ def _add_searchr1_route(app: FastAPI, config: ServerConfig, retriever: Any) -> N
         return {"result": search_jobs(retriever, [job], config.batch_max)[0]}
 
 
-def share_cores(running: int) -> None:
-    """Torch threads for the calling batch thread: all cores when it runs alone, a share when `running` batches
+def share_cores(running: int, cpus: int) -> None:
+    """Torch threads for the calling batch thread: all `cpus` when it runs alone, a share when `running` batches
     run at once (torch keeps the intra-op thread count per calling thread)."""
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // running))
+    torch.set_num_threads(max(1, cpus // running))
 
 
 def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
@@ -263,7 +264,7 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
             batch_max=config.batch_max,
             batch_wait_ms=config.batch_wait_ms,
             workers=config.workers,
-            on_start=share_cores if config.workers > 1 else None,
+            on_start=functools.partial(share_cores, cpus=config.own_cpus()) if config.workers > 1 else None,
         )
 
     @contextlib.asynccontextmanager
@@ -284,6 +285,7 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
         return {
             "status": "ok",
             **info,
+            "pid": os.getpid(),  # which process answered: a Ray Serve replica, or the single server
             "n_docs": retriever.n_docs,
             "encoder": info.get("encoder"),
             "index_type": info.get("index_type"),

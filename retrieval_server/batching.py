@@ -109,6 +109,10 @@ class MicroBatcher:
         self._maybe_dispatch(loop)
         return await job.future
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Stop accepting jobs and let the worker thread go (a running batch finishes in the background)."""
         self._closed = True

@@ -35,6 +35,7 @@ class ServerConfig:
     workers: int = 1  # batches searched at once, each on its own thread ("batched" mode; the CLI picks 2 on CPU)
     mode: str = "batched"  # "batched" (coalescing) | "searchr1" (baseline: sync handler, one search per request)
     log_level: str = "warning"
+    cpus: int = 0  # cores this server may use (0 = the process's CPU affinity; a Ray Serve replica: its num_cpus)
 
     def validated(self) -> ServerConfig:
         """Return self after checking every field; raise ValueError naming the bad field."""
@@ -43,6 +44,8 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         positive = ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max")
+        if self.cpus < 0:
+            raise ValueError(f"cpus must be >= 0, got {self.cpus}")
         for name in (*positive, "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -53,6 +56,11 @@ class ServerConfig:
         if self.token is not None and not self.token.strip():
             raise ValueError("token must be a non-empty string when given")
         return self
+
+    def own_cpus(self) -> int:
+        """The cores this server sizes its threads to: `cpus`, else the ones this process may run on (not
+        `os.cpu_count()`, which counts the whole machine: a container or a Ray replica gets fewer)."""
+        return self.cpus or len(os.sched_getaffinity(0))
 
     def with_env_token(self) -> ServerConfig:
         """Fill `token` from $RETRIEVER_TOKEN when no token was given explicitly."""

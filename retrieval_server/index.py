@@ -191,7 +191,10 @@ class DenseIndex:
     def load(cls, out_dir: str, device: str = "cpu") -> DenseIndex:
         out = Path(out_dir)
         meta = json.loads((out / PARAMS_FILE).read_text())
-        index = faiss.read_index(str(out / INDEX_FILE))
+        # IVF inverted lists memory-mapped on CPU: replicas of one host share them through the page cache. FAISS
+        # (1.15) maps nothing else: flat, sq8 and HNSW codes are read into each process (measured, docs/retriever.md)
+        flags = faiss.IO_FLAG_MMAP if meta["index_type"] in IVF_TYPES and not device.startswith("cuda") else 0
+        index = faiss.read_index(str(out / INDEX_FILE), flags)
         rerank = None
         if int(meta["params"].get("rerank_factor", 1)) > 1:
             rerank = np.load(out / RERANK_FILE, mmap_mode="r")

@@ -142,7 +142,7 @@ class BreakerConfig(ConfigNode):
 
 @dataclass
 class SupervisorConfig(ConfigNode):
-    """How the driver watches the retrieval server (rsearch_verl/trainer/health/supervisor.py, docs/health.md)."""
+    """How the driver watches the retrieval server (rsearch_verl/search/supervisor.py, docs/health.md)."""
 
     check_interval_s: float = 1.0  # background poll of the server (process alive? /health) while a step runs
     health_timeout_s: float = 5.0  # one /health probe

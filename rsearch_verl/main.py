@@ -26,8 +26,8 @@ from omegaconf import DictConfig
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf, register_schema
 from rsearch_verl.log_setup import setup_logging
+from rsearch_verl.search.service import RetrieverError
 from rsearch_verl.trainer.health import STOP_EXIT_CODE, RunStopped
-from rsearch_verl.trainer.retriever_service import RetrieverError
 
 logger = logging.getLogger("rsearch_verl")
 

@@ -35,7 +35,7 @@ from rsearch_verl.data.toy_world import (
     name_pools,
     question_pool,
 )
-from rsearch_verl.rollout.segments import OBSERVATION, POLICY
+from rsearch_verl.segments import OBSERVATION, POLICY
 
 # How the policy writes a thought, a search call and the final answer in each protocol (the papers' formats).
 # Every rendered demonstration is checked against the protocol's own parser, so a mismatch fails loudly.
@@ -73,7 +73,7 @@ def _run_sync(make_coro):
 def practice_search(side: PracticeSide, rng: random.Random):
     """A SearchFn over a practice side's passages that looks like the retriever: the fact whose key ("the region of
     Tul Vex") is the query first, then random other passages."""
-    from rsearch_verl.rollout.protocols.base import Doc
+    from rsearch_verl.search.types import Doc
 
     passages = side.passages
     ids = sorted(passages)

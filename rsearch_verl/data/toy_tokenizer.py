@@ -22,7 +22,7 @@ from rsearch_verl.data.toy_demos import demonstrations
 from rsearch_verl.data.toy_world import GENERATOR_VERSION, World, build_toy_world, publish_dir
 from rsearch_verl.models import train_bpe_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
-from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.search.types import Doc
 
 logger = logging.getLogger(__name__)
 

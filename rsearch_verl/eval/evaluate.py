@@ -123,7 +123,7 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     from rsearch_verl.models import load_model, policy_tokenizer
     from rsearch_verl.rollout.engines import make_engine
     from rsearch_verl.run_context import RunContext
-    from rsearch_verl.trainer.retriever_service import RetrieverService
+    from rsearch_verl.search.service import RetrieverService
 
     recipe_cfg = load_config(overrides)
     # the checkpoint under evaluation is the model (not the recipe's warm start); on the toy world it brings its

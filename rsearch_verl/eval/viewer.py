@@ -29,8 +29,8 @@ import re
 from types import SimpleNamespace
 
 from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
-from rsearch_verl.rollout.segments import OBSERVATION as OBS_ROLE
-from rsearch_verl.rollout.segments import POLICY as POLICY_ROLE
+from rsearch_verl.segments import OBSERVATION as OBS_ROLE
+from rsearch_verl.segments import POLICY as POLICY_ROLE
 
 logger = logging.getLogger(__name__)
 

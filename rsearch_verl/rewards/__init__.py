@@ -12,7 +12,7 @@ Names: search_r1_em (kwarg format_shaped), research_f1, r1_searcher_stage1, r1_s
 r_search_evidence, r_search_dag. Every reward reads the answer with the protocol's `extract_answer` (the one
 answer extractor): `protocol` is the recipe's (the trainer passes `rollout.protocol`), else the paper's protocol the
 reward was registered with. Answers and format checks read POLICY text only (`RewardInput.policy_text`: the
-"policy" segments joined in order, rsearch_verl/rollout/segments.py), never the prompt and never observation text
+"policy" segments joined in order, rsearch_verl/segments.py), never the prompt and never observation text
 inserted by the environment. A trajectory without segments (e.g. a plain generation) is all policy text.
 """
 

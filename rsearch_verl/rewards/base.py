@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rsearch_verl.rollout.segments import OBSERVATION, POLICY, Segment, policy_text
+from rsearch_verl.segments import OBSERVATION, POLICY, Segment, policy_text
 
 if TYPE_CHECKING:
     from rsearch_verl.rollout.protocols import SearchProtocol

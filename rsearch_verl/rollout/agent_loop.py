@@ -13,7 +13,7 @@ sampled text with mask 1.
 `generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
 `prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
 index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever` (see
-`process_search_client`) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py: searches
+`rsearch_verl/search/process.py`) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py: searches
 pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch (`search/*`
 in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
 statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import time
 import zlib
@@ -36,11 +35,13 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from rsearch_verl.config import RetrieverConfig, RSearchConfig
+from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
-from rsearch_verl.rollout.protocols import SearchFn, SearchProtocol, get_protocol
+from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
 from rsearch_verl.search.breaker import CircuitBreaker
-from rsearch_verl.search.client import SearchClient, SearchError
+from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.process import process_breaker, process_search_client
+from rsearch_verl.search.types import SearchFn
 
 logger = logging.getLogger(__name__)
 
@@ -184,33 +185,6 @@ async def run_trajectory(
             break
     traj.n_search_errors, traj.n_search_outages = counted.errors, counted.outages
     return traj
-
-
-_PROCESS_SEARCH: dict[str, tuple[SearchClient, CircuitBreaker]] = {}
-
-
-def process_search_client(retriever: RetrieverConfig) -> SearchClient:
-    """The process's one SearchClient for this retriever config (cache, connection pool and metrics shared by every
-    batch; it rebinds itself to each new event loop)."""
-    return _process_search(retriever)[0]
-
-
-def process_breaker(retriever: RetrieverConfig) -> CircuitBreaker:
-    """The circuit breaker in front of `process_search_client(retriever)` (its failure window spans batches)."""
-    return _process_search(retriever)[1]
-
-
-def _process_search(retriever: RetrieverConfig) -> tuple[SearchClient, CircuitBreaker]:
-    key = json.dumps(dataclasses.asdict(retriever), sort_keys=True)
-    if key not in _PROCESS_SEARCH:
-        client = SearchClient(retriever)
-        breaker = CircuitBreaker(client, retriever.breaker, probe=client.healthy, where=_describe(retriever))
-        _PROCESS_SEARCH[key] = (client, breaker)
-    return _PROCESS_SEARCH[key]
-
-
-def _describe(retriever: RetrieverConfig) -> str:
-    return f"the retriever at {retriever.url}" if retriever.url else "the retriever"
 
 
 def trajectory_seed(base_seed: int, uid: str, row: int) -> int:

@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from rsearch_verl.config import BreakerConfig
-from rsearch_verl.rollout.protocols.base import Doc, SearchFn
 from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.types import Doc, SearchFn
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.search.types import Doc
 
 
 class SearchCache:

@@ -31,9 +31,9 @@ import httpx
 import numpy as np
 
 from rsearch_verl.config import RetrieverConfig
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.search.cache import SearchCache
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource, Source, SourceResponseError
+from rsearch_verl.search.types import Doc
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.client import SearchAuthError
+from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped, fault_nan_step
 from rsearch_verl.trainer.health.report import RunHealth
-from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.health.watchdog import Watchdog
 from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline

@@ -26,10 +26,10 @@ from rsearch_verl.data.run_data import load_run_data
 from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.run_context import RunContext
+from rsearch_verl.search.service import RetrieverService
+from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.health import RunStopped
-from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.preflight import preflight
-from rsearch_verl.trainer.retriever_service import RetrieverService
 from rsearch_verl.trainer.secrets import worker_secrets
 
 logger = logging.getLogger(__name__)

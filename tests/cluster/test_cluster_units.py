@@ -1,5 +1,5 @@
 """Pieces of multi-host support that need no cluster: where the run's own retriever listens
-(rsearch_verl/trainer/retriever_service.py `serving_host`), publishing the driver's files into the run directory
+(rsearch_verl/search/service.py `serving_host`), publishing the driver's files into the run directory
 (rsearch_verl/run_context.py), the gloo interface pin (rsearch_verl/workers/fsdp.py).
 
     .venv/bin/python -m pytest tests/cluster/test_cluster_units.py
@@ -9,7 +9,7 @@ import os
 import socket
 
 from rsearch_verl.run_context import PUBLISHED, RunContext, publish
-from rsearch_verl.trainer.retriever_service import serving_host
+from rsearch_verl.search.service import serving_host
 from rsearch_verl.workers.fsdp import pin_gloo_interface
 
 

@@ -155,7 +155,7 @@ def _rollout_lines(run_dir) -> list[dict]:
 def test_a_run_survives_outages_a_dead_worker_and_a_nan(tmp_path, toy_cache, searching_policy):
     from rsearch_verl.config import load_config
     from rsearch_verl.data.toy_world import build_toy_world
-    from rsearch_verl.trainer.retriever_service import ensure_index, free_port, wait_healthy
+    from rsearch_verl.search.service import ensure_index, free_port, wait_healthy
 
     run_dir, port = tmp_path / "run", free_port()
     url = f"http://127.0.0.1:{port}"

@@ -19,7 +19,8 @@ import pytest
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import get_protocol
-from rsearch_verl.rollout.protocols.base import Action, Doc
+from rsearch_verl.rollout.protocols.base import Action
+from rsearch_verl.search.types import Doc
 
 # (prediction, golds, EM, F1, cover EM)
 METRIC_CASES = [

@@ -26,8 +26,9 @@ from fastapi.responses import JSONResponse
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
-from rsearch_verl.rollout.agent_loop import generate_batch, process_search_client
+from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.search.breaker import RetrieverDownError
+from rsearch_verl.search.process import process_search_client
 
 
 def _switchable_app(state: dict) -> FastAPI:

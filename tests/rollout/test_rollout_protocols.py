@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from rsearch_verl.rollout.protocols import Doc, get_protocol, protocol_names
+from rsearch_verl.rollout.protocols import get_protocol, protocol_names
 from rsearch_verl.rollout.protocols.nl_dag import parse_dag
 from rsearch_verl.search import SearchError
+from rsearch_verl.search.types import Doc
 
 ALL = ["nl_dag", "r1_searcher", "r_search", "research", "search_r1", "tool_call"]
 

@@ -22,9 +22,10 @@ from rsearch_verl.models import CHAT_TEMPLATE, build_tiny_qwen2, qwen25_tokenize
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rollout.agent_loop import run_trajectory
 from rsearch_verl.rollout.engines.base import SamplingParams
-from rsearch_verl.rollout.protocols import Doc, get_protocol
+from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.rollout.protocols.tool_call import INLINE_FRAME, reasoning_removed
 from rsearch_verl.search import SearchClient
+from rsearch_verl.search.types import Doc
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "who wrote hamlet"}}\n</tool_call>'
 

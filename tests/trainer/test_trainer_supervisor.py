@@ -20,8 +20,8 @@ import pytest
 
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.search.breaker import RetrieverDownError
-from rsearch_verl.trainer.health.supervisor import RetrieverSupervisor
-from rsearch_verl.trainer.retriever_service import RetrieverError, RetrieverService, ensure_index, free_port
+from rsearch_verl.search.service import RetrieverError, RetrieverService, ensure_index, free_port
+from rsearch_verl.search.supervisor import RetrieverSupervisor
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rsearch_verl.rollout.protocols.base import Action, Doc, SearchFn, SearchProtocol
+from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
 
 # YAML name -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -38,4 +38,4 @@ def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
     return cls(**kwargs)
 
 
-__all__ = ["Action", "Doc", "SearchFn", "SearchProtocol", "get_protocol", "protocol_names"]
+__all__ = ["Action", "SearchProtocol", "get_protocol", "protocol_names"]

@@ -15,7 +15,7 @@ The agent loop uses it like this:
     answer = proto.extract_answer(segments)   # THE answer extractor: rewards, evaluation, the viewer
                                               # (parse_turn applies the same rule, `answer_in`, to one turn)
 
-`segments` is the trajectory's `[(role, text)]` record (rsearch_verl/rollout/segments.py): the answer is read from
+`segments` is the trajectory's `[(role, text)]` record (rsearch_verl/segments.py): the answer is read from
 policy text only, i.e. the policy segments; a block the policy forged itself (an `<information>` it typed) is policy
 text, an answer inside an observation the environment inserted never is. A plain string is a response without a
 recorded mask, split at the protocol's observation tags by `segments_from_text` (see there for what that loses).
@@ -28,35 +28,12 @@ depend on the model's chat template for their observation text: the agent loop c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rsearch_verl.rollout.segments import Segment, policy_text, segments_from_text
-
-
-@dataclass
-class Doc:
-    """One retrieved passage, whatever the source (local index, web search, arXiv)."""
-
-    id: str
-    contents: str  # '"Title"\ntext' in the corpus format; web sources write the same shape
-    score: float = 0.0
-    source: str = "local"
-
-    @property
-    def title(self) -> str:
-        head = self.contents.split("\n", 1)[0]
-        return head.strip().strip('"')
-
-    @property
-    def text(self) -> str:
-        parts = self.contents.split("\n", 1)
-        return parts[1] if len(parts) == 2 else parts[0]
-
-
-# search(queries, topk, source) -> one list of Docs per query; raises rsearch_verl.search.client.SearchError
-SearchFn = Callable[[list[str], int, str], Awaitable[list[list[Doc]]]]
+from rsearch_verl.search.types import SearchFn
+from rsearch_verl.segments import Segment, policy_text, segments_from_text
 
 
 @dataclass

@@ -25,9 +25,10 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from rsearch_verl.rollout.protocols.base import Action, SearchFn
+from rsearch_verl.rollout.protocols.base import Action
 from rsearch_verl.rollout.protocols.search_r1 import MAX_QUERY_CHARS, TagSearchProtocol
 from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.types import SearchFn
 
 DEFAULT_TOOLS = {"Wiki": "local", "Web": "web", "News": "news", "ArXiv": "arxiv"}
 # other names the policy may use for the same tool (the paper's case study writes "news search (GNews)" etc.)

@@ -11,8 +11,8 @@ Generation pauses at `<|end_of_query|>`; stopping at `</answer>` ends the trajec
 
 from __future__ import annotations
 
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.search.types import Doc
 
 R1_SEARCHER_SYSTEM_PROMPT = (
     "The User asks a question, and the Assistant solves it. The Assistant first thinks about the reasoning process "

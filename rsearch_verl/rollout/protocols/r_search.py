@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rsearch_verl.rewards.formats import extract_tag
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
-from rsearch_verl.rollout.segments import Segment, policy_text
+from rsearch_verl.search.types import Doc
+from rsearch_verl.segments import Segment, policy_text
 
 R_SEARCH_SYSTEM_PROMPT = (
     "You are a helpful assistant that can solve the given question step by step. For each step, start by "

@@ -12,8 +12,8 @@ Results are written as in the paper's case study: one `"Title", text` line per p
 from __future__ import annotations
 
 from rsearch_verl.rewards.formats import extract_boxed, extract_tag
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.search.types import Doc
 
 _FORMAT_TEXT = (
     "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags "

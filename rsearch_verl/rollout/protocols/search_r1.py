@@ -14,8 +14,9 @@ R-Search subclass it and change only tags, templates and the document format).
 from __future__ import annotations
 
 from rsearch_verl.rewards.formats import extract_tag
-from rsearch_verl.rollout.protocols.base import Action, Doc, SearchFn, SearchProtocol
+from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
 from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.types import Doc, SearchFn
 
 MAX_QUERY_CHARS = 512  # a runaway "query" is cut, not sent whole to the retriever
 

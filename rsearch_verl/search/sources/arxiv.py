@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 
 import httpx
 
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.search.sources.base import Source, SourceResponseError, make_title_doc
+from rsearch_verl.search.types import Doc
 
 ARXIV_URL = "https://export.arxiv.org"
 _ATOM = "{http://www.w3.org/2005/Atom}"

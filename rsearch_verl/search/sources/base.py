@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 
 import httpx
 
-from rsearch_verl.rollout.protocols.base import Doc
+from rsearch_verl.search.types import Doc
 
 
 class SourceResponseError(ValueError):

@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.search.sources.base import Source, SourceResponseError, make_title_doc
+from rsearch_verl.search.types import Doc
 
 
 def _parse_hit(hit: Any, rank: int) -> Doc:

@@ -11,8 +11,8 @@ import os
 
 import httpx
 
-from rsearch_verl.rollout.protocols.base import Doc
 from rsearch_verl.search.sources.base import Source, SourceResponseError, make_title_doc
+from rsearch_verl.search.types import Doc
 
 SERPER_URL = "https://google.serper.dev"
 

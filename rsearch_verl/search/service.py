@@ -1,6 +1,6 @@
 """The recipe's own retrieval server: build the index if needed, start `python -m retrieval_server serve` as a
 separate process on a free port, wait until `/health` answers, stop it at the end. `restart()` starts it again on the
-same port (the rollout workers keep its URL); rsearch_verl/trainer/health/supervisor.py decides when.
+same port (the rollout workers keep its URL); rsearch_verl/search/supervisor.py decides when.
 
 Where it listens: on a cluster (`RAY_ADDRESS` set, as inside `ray job submit`) the driver's own address toward the
 Ray head -- the address every host of the cluster reaches this one at -- never the loopback, which on another host is

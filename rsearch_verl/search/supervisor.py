@@ -27,7 +27,7 @@ import httpx
 
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.search.breaker import RetrieverDownError
-from rsearch_verl.trainer.retriever_service import RetrieverError, RetrieverService
+from rsearch_verl.search.service import RetrieverError, RetrieverService
 
 logger = logging.getLogger(__name__)
 

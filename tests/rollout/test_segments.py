@@ -1,4 +1,4 @@
-"""One definition of policy text (rsearch_verl/rollout/segments.py) and one answer extractor (the protocol's
+"""One definition of policy text (rsearch_verl/segments.py) and one answer extractor (the protocol's
 `extract_answer`), read the same by the protocols, the rewards and the rollout viewer.
 
 The mask rule: a block the policy typed itself (a forged observation, mask 1) is policy text; an answer inside an
@@ -16,7 +16,7 @@ import pytest
 from rsearch_verl.eval.viewer import render_html
 from rsearch_verl.rewards import PAPER_PROTOCOL, RewardInput, compute_rewards
 from rsearch_verl.rollout.protocols import get_protocol, protocol_names
-from rsearch_verl.rollout.segments import OBSERVATION, POLICY, policy_text, segments_from_text
+from rsearch_verl.segments import OBSERVATION, POLICY, policy_text, segments_from_text
 
 # the reward each protocol's recipes use (offline judge stand-in where the paper's reward needs a judge)
 REWARD_OF = {

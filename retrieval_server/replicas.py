@@ -1,0 +1,155 @@
+"""The retrieval server scaled out on Ray Serve: the same FastAPI app (`create_app`) served by N replicas.
+
+    python -m retrieval_server serve --index DIR --replicas 2 [--replica-cpus 1] --host 0.0.0.0 --port 8000
+    REPLICAS=2 bash launch/retriever.sh                     # the same, with the script's other variables
+
+Each replica is a Ray actor that loads the index in its constructor (the index and the micro-batcher's threads do
+not pickle) and builds its app there (`@serve.ingress()` with `__serve_build_asgi_app__`); Serve's proxy runs on
+every node of the cluster and balances requests over the replicas, which Serve spreads over the nodes. The wire
+format, `/health`, the limits and the bearer token are the single server's: Search-R1's client and verl's search tool
+work against it unchanged. `check_health` runs a one-query search, so a replica whose index or threads broke is
+replaced by Serve, as is one whose process died; requests it had in flight fail with a 5xx that the search client
+retries (rsearch_verl/search/client.py).
+
+The cluster: `RAY_ADDRESS` (e.g. the head of a multi-host cluster) or, unset, a local Ray started by this process.
+The replica's threads follow its `--replica-cpus` (its Ray `num_cpus`), not the machine's core count. What replicas
+of one host share: the corpus, the rerank vectors and the BM25 arrays are memory-mapped (page cache, one copy per
+host); an IVF index's inverted lists are read with FAISS `IO_FLAG_MMAP`; flat, sq8 and HNSW codes are private to
+each replica (FAISS reads them into memory). docs/retriever.md ("Scale-out on Ray Serve") has the measured numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import signal
+import threading
+
+from ray import serve
+
+from retrieval_server.config import TOKEN_ENV, ServerConfig
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "retriever"
+# What the replica's process needs before torch / faiss / jax start (they read these once): idle OpenMP threads
+# sleep instead of spinning, no tokenizer fork warnings, jax (bm25s' top-k) neither on nor preallocating a GPU.
+REPLICA_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "TOKENIZERS_PARALLELISM": "false",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+
+
+@serve.ingress()
+class RetrieverReplica:
+    """One replica: the index loaded once, the app built on it (late-bound ingress)."""
+
+    def __init__(self, index_dir: str, config: ServerConfig, device: str):
+        import torch
+
+        from retrieval_server.retriever import load_retriever
+
+        torch.set_num_threads(config.own_cpus())
+        self.config = config.with_env_token().validated()  # the token arrives in the replica's runtime env
+        self.retriever = load_retriever(index_dir, device=device)
+        self.retriever.search(["warm up the encoder and the index"], 1)
+        self._built: object | None = None  # the app (`app` is the ingress wrapper's own property)
+        logger.info(
+            "replica pid %d serving %s (%d docs, %d cpus)",
+            os.getpid(),
+            index_dir,
+            self.retriever.n_docs,
+            self.config.own_cpus(),
+        )
+
+    def __serve_build_asgi_app__(self):
+        from retrieval_server.app import create_app
+
+        self._built = create_app(self.config, self.retriever)
+        return self._built
+
+    def check_health(self) -> None:
+        """Called by Serve every `health_check_period_s`; raising makes Serve replace this replica."""
+        batcher = self._built.state.batcher if self._built is not None else None
+        if batcher is not None and batcher.closed:
+            raise RuntimeError("the micro-batcher is closed")
+        self.retriever.search(["health check"], 1)
+
+
+def replica_config(config: ServerConfig, replica_cpus: float) -> ServerConfig:
+    """The replica's serving config: threads and concurrent batches sized to its own CPUs."""
+    cpus = max(1, math.floor(replica_cpus))
+    workers = 2 if config.mode == "batched" and cpus >= 2 else 1  # as the single server's auto (see __main__.py)
+    return dataclasses.replace(config, cpus=cpus, workers=workers, token=None)
+
+
+def deployment_app(
+    index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float = 1.0, device: str = "cpu"
+) -> serve.Application:
+    """The Serve application: `replicas` copies of the server over `index_dir`, each asking `replica_cpus` CPUs."""
+    env = dict(REPLICA_ENV)
+    if device == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    if config.token:  # through the runtime env, never the deployment's arguments (those are shown by `serve status`)
+        env[TOKEN_ENV] = config.token
+    deployment = serve.deployment(
+        RetrieverReplica,
+        name="RetrieverReplica",
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}},
+        # every request the micro-batcher can coalesce reaches it (Serve's default of 5 would cap a batch at 5)
+        max_ongoing_requests=4 * config.batch_max,
+        health_check_period_s=5.0,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=10.0,
+    )
+    return deployment.bind(index_dir, replica_config(config, replica_cpus), device)
+
+
+def start(index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float = 1.0, device: str = "cpu") -> None:
+    """Deploy on the Ray cluster this process is connected to (proxies on every node at config.host:port)."""
+    serve.start(proxy_location="EveryNode", http_options={"host": config.host, "port": config.port})
+    serve.run(deployment_app(index_dir, config, replicas, replica_cpus, device), name=APP_NAME, route_prefix="/")
+
+
+def stop() -> None:
+    """Delete the application (the cluster and Serve's other applications stay)."""
+    try:
+        serve.delete(APP_NAME)
+    except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask the reason we stop
+        logger.warning("could not delete the Serve application %s: %s", APP_NAME, exc)
+
+
+def run_until_signalled(index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float, device: str) -> None:
+    """The CLI's `serve --replicas N`: connect (RAY_ADDRESS) or start a local Ray, deploy, serve until SIGTERM/SIGINT,
+    then delete the application."""
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        start(index_dir, config, replicas, replica_cpus, device)
+        logger.info(
+            "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d (%s)",
+            index_dir,
+            replicas,
+            replica_cpus,
+            config.host,
+            config.port,
+            address or "local Ray",
+        )
+        done.wait()
+    finally:
+        stop()
+        if not address:
+            serve.shutdown()
+        ray.shutdown()
