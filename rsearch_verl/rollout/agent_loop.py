@@ -12,10 +12,10 @@ sampled text with mask 1.
 
 `generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
 `prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
-index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever` (see
-`rsearch_verl/search/process.py`) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py: searches
-pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch (`search/*`
-in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
+index (a rerun reproduces), and searches through the process's one `SearchClient` for `cfg.retriever`
+(rsearch_verl/search/process.py) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py:
+searches pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch
+(`search/*` in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
 statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`).
 A trajectory with a search that failed for an outage reason (timeout, connection, 5xx) is marked `search_failed`
 (the trainer drops it from the update).
