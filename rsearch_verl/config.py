@@ -168,6 +168,10 @@ class RetrieverConfig(ConfigNode):
     # the preflight's wait for an external `url` (before any expensive start-up); raise it when the server starts
     # together with the job
     preflight_wait_s: float = 20.0
+    # the recipe's own server through Ray Serve: this many replicas on the run's Ray cluster (0 = one process), each
+    # asking replica_cpus CPUs (retrieval_server/replicas.py, docs/retriever.md "Scale-out on Ray Serve")
+    replicas: int = 0
+    replica_cpus: float = 1.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -549,6 +553,8 @@ def _validate_async(cfg: RSearchConfig) -> None:
 
 def _validate_health(cfg: RSearchConfig) -> None:
     brk, sup, wd = cfg.retriever.breaker, cfg.retriever.supervisor, cfg.trainer.watchdog
+    _check(cfg.retriever.replicas >= 0, "retriever.replicas", "must be >= 0 (0 = one server process)")
+    _check(cfg.retriever.replica_cpus > 0, "retriever.replica_cpus", "must be > 0")
     _check(brk.window >= 1, "retriever.breaker.window", "must be >= 1")
     _check(1 <= brk.min_calls <= brk.window, "retriever.breaker.min_calls", "must be in [1, retriever.breaker.window]")
     _check(0 < brk.failure_rate <= 1, "retriever.breaker.failure_rate", "must be in (0, 1]")

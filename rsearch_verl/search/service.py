@@ -109,6 +109,8 @@ class RetrieverService:
         self._env_before: str | None = None
         # decided now: once the own server is up, the session derives the run's config with its URL (RunContext)
         self.owned = not cfg.url  # True: this service starts the server (and may restart it)
+        if cfg.replicas and not self.owned:
+            logger.warning("retriever.replicas=%d is ignored: retriever.url points at an external server", cfg.replicas)
 
     def __enter__(self) -> str:
         if not self.owned:
@@ -144,8 +146,12 @@ class RetrieverService:
 
     def _spawn(self) -> dict:
         host, port = self.url.split("://", 1)[1].rsplit(":", 1)
+        if self.cfg.replicas and host not in LOOPBACK:
+            host = "0.0.0.0"  # Serve runs a proxy on every node, each bound here (the token guards them all)
         cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", self.index_dir]
         cmd += ["--host", host, "--port", port]
+        if self.cfg.replicas:  # Ray Serve: the replicas join the run's cluster ($RAY_ADDRESS) or a local Ray of its own
+            cmd += ["--replicas", str(self.cfg.replicas), "--replica-cpus", str(self.cfg.replica_cpus)]
         # the token (if any) goes through the environment the server inherits: argv is world-readable
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
         return wait_healthy(self.url, self.cfg.start_timeout_s, self.proc)

@@ -1,0 +1,140 @@
+"""`REPLICAS=2 bash launch/retriever.sh`: the retrieval server on Ray Serve (a real local Ray, two real replicas).
+
+Checks that both replicas answer Search-R1's request format behind one bearer token, and that a replica SIGKILLed
+under steady load costs no failed search (the client retries what was in flight) and is replaced by Serve within
+60 s. ~60 s (two index loads, Serve start-up, the replacement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import REPO, Server, _env, free_port, wait_healthy
+
+from rsearch_verl.config import RetrieverConfig
+from rsearch_verl.search.client import SearchClient
+
+logger = logging.getLogger(__name__)
+TOKEN = "replica-test-token"
+REPLACE_WITHIN_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def replicated(bm25_index, tmp_path_factory) -> Server:
+    port = free_port()
+    env = {**_env(), "INDEX_DIR": str(bm25_index), "ENCODER": "bm25", "PORT": str(port), "REPLICAS": "2"}
+    env["RETRIEVER_TOKEN"] = TOKEN
+    env.pop("RAY_ADDRESS", None)  # a local Ray of its own
+    log = tmp_path_factory.mktemp("replicas") / "serve.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            ["bash", "launch/retriever.sh"],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log, timeout_s=240)
+        yield Server(url=url, proc=proc, index=bm25_index, log=log)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the script execs the server: it deletes the app and stops its Ray
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def replica_pids(url: str, probes: int = 40) -> set[int]:
+    """The processes that answer /health (Serve balances the probes over the replicas)."""
+    seen: set[int] = set()
+    with httpx.Client(timeout=5) as http:
+        for _ in range(probes):
+            try:
+                seen.add(http.get(f"{url}/health").json()["pid"])
+            except (httpx.HTTPError, KeyError, ValueError):
+                continue
+            if len(seen) >= 2:
+                break
+    return seen
+
+
+def test_two_replicas_answer_search_r1_requests(replicated):
+    assert len(replica_pids(replicated.url)) == 2
+    body = {"queries": ["stone bridges", "salt caravans"], "topk": 3, "return_scores": True}  # Search-R1's client
+    resp = httpx.post(f"{replicated.url}/retrieve", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status_code == 200, resp.text
+    result = resp.json()["result"]
+    assert len(result) == 2 and all(len(hits) == 3 for hits in result)
+    assert {"id", "contents"} <= set(result[0][0]["document"]) and isinstance(result[0][0]["score"], float)
+    assert httpx.post(f"{replicated.url}/retrieve", json=body).status_code == 401  # the token guards every replica
+
+
+class SteadyLoad:
+    """4 concurrent searchers through the real client (retries, no cache) in a thread of its own."""
+
+    def __init__(self, url: str):
+        self.client = SearchClient(RetrieverConfig(url=url, cache=False, timeout_s=10.0, max_retries=3))
+        self.ok = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _searcher(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                docs = await self.client([f"query {k} {i} stone bridges"], 3)
+                assert len(docs[0]) == 3
+                self.ok += 1
+            except Exception as exc:  # noqa: BLE001 - every failure is what the test reports
+                self.failed.append(repr(exc))
+            i += 1
+
+    async def _run(self) -> None:
+        await asyncio.gather(*(self._searcher(k) for k in range(4)))
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_killed_replica_is_replaced_under_load_without_failed_searches(replicated, monkeypatch):
+    monkeypatch.setenv("RETRIEVER_TOKEN", TOKEN)  # the search client's token
+    before = replica_pids(replicated.url)
+    assert len(before) == 2
+    victim = min(before)
+    with SteadyLoad(replicated.url) as load:
+        time.sleep(3)
+        ok_before_kill = load.ok
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        now: set[int] = set()
+        while time.monotonic() - killed_at < REPLACE_WITHIN_S:
+            now = replica_pids(replicated.url, probes=10)
+            if len(now) == 2 and victim not in now:
+                break
+            time.sleep(1)
+        replaced_s = time.monotonic() - killed_at
+        time.sleep(2)  # load keeps flowing on the replacement
+    metrics = load.client.metrics()
+    assert len(now) == 2 and victim not in now, f"replica {victim} not replaced within {REPLACE_WITHIN_S} s: {now}"
+    assert ok_before_kill > 0 and load.ok > ok_before_kill
+    assert load.failed == [], load.failed[:3]
+    assert metrics["search/retries"] <= 10, metrics  # only what was in flight on the killed replica
+    logger.warning("replaced in %.1f s; %d searches ok, %d retried", replaced_s, load.ok, metrics["search/retries"])
