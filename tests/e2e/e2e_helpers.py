@@ -34,6 +34,17 @@ TINY = [
     "critic.micro_batch_size=1",
 ]
 
+# runs with `searching_policy` (conftest.py): 2 prompts x 2 samples per step, a checkpoint every step, no validation
+FAST = [
+    "rollout.n=2",
+    "trainer.save_freq=1",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "rollout.max_tokens_per_turn=40",
+    "rollout.temperature=0.5",  # the short-trained policy below searches in every trajectory at 0.5
+    "retriever.supervisor.check_interval_s=0.5",
+]
+
 
 def main_cmd(recipe: str, run_dir, toy_cache: str, *overrides: str) -> list[str]:
     args = [f"+recipe={recipe}", *TINY, f"trainer.run_dir={run_dir}", f"data.toy_world.cache_dir={toy_cache}"]

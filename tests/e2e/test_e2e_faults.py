@@ -32,52 +32,12 @@ import time
 
 import psutil
 import pytest
-from e2e_helpers import ROOT, TINY, child_env, hf_weights, main_cmd, read_metrics
+from e2e_helpers import FAST, ROOT, TINY, child_env, hf_weights, main_cmd, read_metrics
 
 from rsearch_verl.trainer.health import FAULT_NAN_ENV
 
 logger = logging.getLogger(__name__)
 RECIPE = "search_r1_grpo"
-# 2 prompts x 2 samples per step, a checkpoint every step, no validation: only what the faults need
-FAST = [
-    "rollout.n=2",
-    "trainer.save_freq=1",
-    "trainer.test_freq=0",
-    "trainer.val_before_train=false",
-    "rollout.max_tokens_per_turn=40",
-    "rollout.temperature=0.5",  # the short-trained policy below searches in every trajectory at 0.5
-    "retriever.supervisor.check_interval_s=0.5",
-]
-
-
-@pytest.fixture(scope="module")
-def searching_policy(toy_cache, tmp_path_factory) -> str:
-    """The tiny policy after a short SFT (~40 s on 2 busy cores) on the first turn of toy world demonstrations that
-    always search (`<search> the birthplace of X </search>`): an HF dir for model.sft_checkpoint."""
-    import torch
-
-    from rsearch_verl.config import SFTConfig, load_config
-    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
-    from rsearch_verl.data.toy_world import build_toy_world
-    from rsearch_verl.run_context import RunContext
-    from rsearch_verl.sft import load_policy, save_hf, train_sft
-    from rsearch_verl.warm_start import toy_demos
-
-    cfg = load_config([f"+recipe={RECIPE}", *TINY, *FAST, f"data.toy_world.cache_dir={toy_cache}"])
-    tok_dir = toy_tokenizer(build_toy_world(cfg.data.toy_world), [cfg.rollout.protocol])
-    cfg = RunContext(tokenizer_path=tok_dir).apply(cfg)
-    model, tokenizer = load_policy(cfg, seed=0)
-    demos = []
-    for demo in toy_demos(cfg, n=32, p_no_search=0.0, seed=1):
-        first = demo["segments"][0][1]
-        demos.append({"prompt": demo["prompt"], "segments": [("policy", first[first.index("<search>") :])]})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads on two shared cores were ~10x slower here
-    try:
-        train_sft(model, tokenizer, demos, SFTConfig(epochs=10, lr=3e-3, warmup_steps=2, schedule="constant"))
-    finally:
-        torch.set_num_threads(threads)
-    return save_hf(model, tokenizer, str(tmp_path_factory.mktemp("policy") / "searching"))
 
 
 _STARTED: list[subprocess.Popen] = []
