@@ -86,10 +86,23 @@ def replica_config(config: ServerConfig, replica_cpus: float) -> ServerConfig:
     return dataclasses.replace(config, cpus=cpus, workers=workers, token=None)
 
 
+def spread_cap(replicas: int, replica_cpus: float, nodes: list[dict]) -> int:
+    """At most this many replicas per node, so that N replicas spread over the nodes that can hold one (`nodes`:
+    `ray.nodes()`); Serve then never stacks two on a host while another has room."""
+    fits = [n for n in nodes if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= replica_cpus]
+    return max(1, math.ceil(replicas / len(fits))) if fits else replicas
+
+
 def deployment_app(
-    index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float = 1.0, device: str = "cpu"
+    index_dir: str,
+    config: ServerConfig,
+    replicas: int,
+    replica_cpus: float = 1.0,
+    device: str = "cpu",
+    per_node: int | None = None,
 ) -> serve.Application:
-    """The Serve application: `replicas` copies of the server over `index_dir`, each asking `replica_cpus` CPUs."""
+    """The Serve application: `replicas` copies of the server over `index_dir`, each asking `replica_cpus` CPUs, at
+    most `per_node` on one node (None: Serve's default)."""
     env = dict(REPLICA_ENV)
     if device == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -105,14 +118,19 @@ def deployment_app(
         health_check_period_s=5.0,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=10.0,
+        **({"max_replicas_per_node": per_node} if per_node and per_node < replicas else {}),
     )
     return deployment.bind(index_dir, replica_config(config, replica_cpus), device)
 
 
 def start(index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float = 1.0, device: str = "cpu") -> None:
     """Deploy on the Ray cluster this process is connected to (proxies on every node at config.host:port)."""
+    import ray
+
     serve.start(proxy_location="EveryNode", http_options={"host": config.host, "port": config.port})
-    serve.run(deployment_app(index_dir, config, replicas, replica_cpus, device), name=APP_NAME, route_prefix="/")
+    per_node = spread_cap(replicas, replica_cpus, ray.nodes())
+    app = deployment_app(index_dir, config, replicas, replica_cpus, device, per_node)
+    serve.run(app, name=APP_NAME, route_prefix="/")
 
 
 def stop() -> None:

@@ -45,7 +45,11 @@ def replicated(bm25_index, tmp_path_factory) -> Server:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, log, timeout_s=240)
+        wait_healthy(url, proc, log, timeout_s=240)  # the proxy answers once the first replica is up
+        deadline = time.monotonic() + 240
+        while "Ray Serve replica(s)" not in log.read_text():  # logged once every replica is running
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
         yield Server(url=url, proc=proc, index=bm25_index, log=log)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the script execs the server: it deletes the app and stops its Ray
@@ -138,3 +142,21 @@ def test_killed_replica_is_replaced_under_load_without_failed_searches(replicate
     assert load.failed == [], load.failed[:3]
     assert metrics["search/retries"] <= 10, metrics  # only what was in flight on the killed replica
     logger.warning("replaced in %.1f s; %d searches ok, %d retried", replaced_s, load.ok, metrics["search/retries"])
+
+
+def test_replicas_spread_over_the_nodes_that_fit_one_and_size_threads_to_their_cpus():
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.replicas import replica_config, spread_cap
+
+    def node(cpus: float, alive: bool = True) -> dict:
+        return {"Alive": alive, "Resources": {"CPU": cpus}}
+
+    head, host = node(0), node(1)  # a head with no CPUs holds no replica
+    assert spread_cap(2, 1.0, [head, host, host]) == 1
+    assert spread_cap(3, 1.0, [head, host, host]) == 2
+    assert spread_cap(2, 1.0, [host, node(1, alive=False)]) == 2
+    assert spread_cap(2, 2.0, [host, host]) == 2  # none fits: Serve reports the unschedulable replicas itself
+    one = replica_config(ServerConfig(token="t"), 1.0)
+    four = replica_config(ServerConfig(), 4.0)
+    assert (one.cpus, one.workers, one.token) == (1, 1, None)  # the token reaches replicas by their runtime env
+    assert (four.cpus, four.workers, four.own_cpus()) == (4, 2, 4)
