@@ -20,7 +20,7 @@ import json
 import logging
 import os
 
-from rsearch_verl.config import RSearchConfig, to_dict
+from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.run_data import load_run_data
 from rsearch_verl.models import policy_tokenizer
@@ -169,7 +169,7 @@ class TrainingSession:
 def _write_config(cfg: RSearchConfig, run_dir: str) -> None:
     from omegaconf import OmegaConf
 
-    OmegaConf.save(OmegaConf.create(to_dict(cfg)), os.path.join(run_dir, "config.yaml"))
+    OmegaConf.save(OmegaConf.create(public_dict(cfg)), os.path.join(run_dir, "config.yaml"))
 
 
 def _progress_bar(total: int, stack: contextlib.ExitStack):
