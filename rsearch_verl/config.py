@@ -644,8 +644,8 @@ def check_override_keys(overrides: list[str], groups: tuple[str, ...] = ()) -> N
             continue  # a flag, or a flag's value (`--cfg job`)
         key = override.split("=", 1)[0].lstrip("+~")
         parts = key.split(".")
-        if parts[0] == "hydra" or (len(parts) == 1 and parts[0] in groups):
-            continue
+        if parts[0] == "hydra" or "/" in key or "@" in key or (len(parts) == 1 and parts[0] in groups):
+            continue  # Hydra's own keys, group paths (`hydra/launcher=...`), packages, config group choices
         cls, prefix = hints_root, ""
         for part in parts:
             fields = {f.name for f in dataclasses.fields(cls)}

@@ -86,7 +86,8 @@ def test_misspelled_key_names_close_matches_with_or_without_plus():
     for override in ("trainer.total_step=2", "+trainer.total_step=2", "~trainer.total_step"):
         with pytest.raises(ConfigError, match="did you mean trainer.total_steps"):
             check_override_keys(["+recipe=search_r1_ppo", override, "--cfg", "job"], groups=("recipe", "batch"))
-    check_override_keys(["+recipe=x", "batch=y", "rollout.protocol_kwargs.k=1", "hydra.run.dir=d"], ("recipe", "batch"))
+    fine = ["+recipe=x", "batch=y", "rollout.protocol_kwargs.k=1", "hydra.run.dir=d", "hydra/launcher=basic"]
+    check_override_keys(fine, ("recipe", "batch"))
 
 
 def test_retriever_token_is_a_key_that_config_yaml_and_logs_never_show():
