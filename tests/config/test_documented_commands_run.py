@@ -15,6 +15,7 @@ configs are also composed and validated by tests/config/test_documented_commands
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -173,6 +174,13 @@ def test_every_fenced_command_is_run_or_skipped():
     stale = sorted((run | set(SKIP)) - set(shown))
     assert not stale, f"listed here but shown by no doc (changed or removed?): {stale}"
     assert len(run) >= 10 and len(SKIP) >= 20, (len(run), len(SKIP))
+
+
+def test_commands_name_the_venv():
+    # launch/install.sh installs into ./.venv and activates nothing: a bare `python` / `ray` / `pip` is not ours
+    bare = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:python3?|ray|pip3?)\s")
+    found = [f"{', '.join(places)}: {c}" for c, places in documented().items() if bare.match(c)]
+    assert not found, "use .venv/bin/python / .venv/bin/ray:\n" + "\n".join(found)
 
 
 def _port_free(port: int) -> bool:
