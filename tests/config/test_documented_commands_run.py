@@ -38,8 +38,7 @@ TOUR_URL = "retriever.url=http://127.0.0.1:8000"
 RUN = (
     Run(".venv/bin/python -m rsearch_verl.data.toy_world --corpus-out corpus.jsonl", 120, ("corpus\t", "example\t")),
     Run(
-        ".venv/bin/python -m retrieval_server build --corpus corpus.jsonl --encoder minilm --index-type flat "
-        "--out indexes/toy",
+        ".venv/bin/python -m retrieval_server build --corpus corpus.jsonl --encoder bm25 --out indexes/toy",
         240,
         ("index complete",),
     ),
@@ -49,8 +48,8 @@ RUN = (
         serve_url="http://127.0.0.1:8000",
     ),
     Run(
-        "curl -s localhost:8000/retrieve -H 'content-type: application/json' -d '{\"queries\": [\"who founded the "
-        'city"], "topk": 3, "return_scores": true}\'',
+        "curl -s localhost:8000/retrieve -H 'content-type: application/json' -d '{\"queries\": [\"the founding year "
+        'of a city"], "topk": 3, "return_scores": true}\'',
         30,
         ('"result":[[{"document"',),
     ),
