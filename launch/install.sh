@@ -27,7 +27,7 @@ if [[ " $* " == *" gpu "* ]]; then
   "${PIP[@]}" -e ".[test,gpu]"
   # flash-attn's build imports torch: without build isolation, after torch; its setup fetches a matching wheel or
   # compiles (needs the CUDA toolkit: CUDA_HOME)
-  "${PIP[@]}" "setuptools>=69" wheel packaging psutil ninja
+  "${PIP[@]}" "setuptools>=77" wheel packaging psutil ninja
   "${PIP[@]}" --no-build-isolation -e ".[flash-attn]"
 else
   pip uninstall -y -q faiss-gpu-cu12 2>/dev/null || true

@@ -23,6 +23,11 @@
 #   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--mode searchr1 --max-topk 50"
 #   PYTHON      interpreter (default .venv/bin/python)
 set -euo pipefail
+if (($#)); then  # e.g. a `serve` copied from `python -m retrieval_server serve`: nothing here reads arguments
+  echo "error: launch/retriever.sh takes no arguments (got: $*); it is configured by environment variables," \
+    "e.g. INDEX_DIR=indexes/toy CORPUS=corpus.jsonl bash launch/retriever.sh (see the top of this script)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 ENCODER=${ENCODER:-minilm}

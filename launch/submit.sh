@@ -5,6 +5,7 @@
 #       data=nq_hotpotqa retriever=wiki18_e5 rollout=vllm trainer=gpu_1x8 trainer.run_dir=/shared/runs/sr1
 #
 # Env: RAY_ADDRESS (the head's dashboard address, required), RUNTIME_ENV (default launch/runtime_env.yaml),
+# PYTHON / RAY (default: this checkout's .venv/bin/python and .venv/bin/ray; PYTHON also runs the job's driver),
 # NO_WAIT=1 to return right after submission, SUBMISSION_ID to name the job, FORWARD_ENV="VAR ..." for more secret
 # variables to forward (e.g. a judge key named by reward.judge.api_key_env other than OPENAI_API_KEY).
 # The working directory (this checkout's code, minus what runtime_env.yaml excludes: indexes, data, checkpoints,
@@ -18,7 +19,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${RAY_ADDRESS:?set RAY_ADDRESS to the cluster dashboard, e.g. http://127.0.0.1:8265}"
 RUNTIME_ENV=${RUNTIME_ENV:-launch/runtime_env.yaml}
-PY=${PYTHON:-python}
+# This checkout's venv (bash launch/install.sh), by absolute path: the job's driver runs on the head node with the
+# interpreter named here, so the nodes need the project installed at the same path (or set PYTHON / RAY).
+PY=${PYTHON:-$PWD/.venv/bin/python}
+RAY=${RAY:-$PWD/.venv/bin/ray}
+for tool in "$PY" "$RAY"; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "error: $tool not found: run bash launch/install.sh (it installs into ./.venv), or set PYTHON / RAY" >&2
+    exit 2
+  fi
+done
 tmp_dir=$(mktemp -d)
 trap 'rm -rf "$tmp_dir"' EXIT
 job_env="$tmp_dir/runtime_env.yaml"
@@ -27,5 +37,4 @@ job_env="$tmp_dir/runtime_env.yaml"
 args=(--address "$RAY_ADDRESS" --working-dir . --runtime-env "$job_env")
 [ -n "${NO_WAIT:-}" ] && args+=(--no-wait)
 [ -n "${SUBMISSION_ID:-}" ] && args+=(--submission-id "$SUBMISSION_ID")
-RAY=${RAY:-ray}
 "$RAY" job submit "${args[@]}" -- "$PY" -m rsearch_verl.main "$@"

@@ -26,8 +26,17 @@ DEFAULT_K1 = 0.9
 DEFAULT_B = 0.4
 
 
-def _tokenize(texts: list[str], return_ids: bool):
+def _bm25s():
+    """bm25s, its logger put back to inheriting the root's level: bm25s sets it to DEBUG when imported, so a build at
+    INFO printed its debug notes."""
     import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.NOTSET)
+    return bm25s
+
+
+def _tokenize(texts: list[str], return_ids: bool):
+    bm25s = _bm25s()
 
     return bm25s.tokenize(texts, stopwords=STOPWORDS, return_ids=return_ids, show_progress=False)
 
@@ -41,7 +50,7 @@ class BM25Index:
 
     @classmethod
     def build(cls, text_batches: Iterable[list[str]], k1: float = DEFAULT_K1, b: float = DEFAULT_B) -> BM25Index:
-        import bm25s
+        bm25s = _bm25s()
 
         tokens: list[list[str]] = []
         for batch in text_batches:
@@ -61,7 +70,7 @@ class BM25Index:
 
     @classmethod
     def load(cls, out_dir: str) -> BM25Index:
-        import bm25s
+        bm25s = _bm25s()
 
         path = Path(out_dir)
         if not (path / "n_docs.json").exists():

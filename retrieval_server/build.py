@@ -17,9 +17,12 @@ rebuilds the (cheap) FAISS part from the chunks. Python API: `build_index(corpus
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -36,9 +39,32 @@ EMB_DIR = "emb"
 DEFAULT_CHUNK = 100_000
 
 
+ENCODER_NAMES = ("e5", "bge", "minilm", "bm25")  # the families of retrieval_server/encoders.py, and BM25
+
+
+def encoder_arg(value: str) -> str:
+    """--encoder: a known name or an existing directory, checked before any work (a typo such as `minlm` used to
+    end in a hub-download traceback that never named it, after the output directory was made)."""
+    if value in ENCODER_NAMES or os.path.isdir(value):
+        return value
+    close = difflib.get_close_matches(value, ENCODER_NAMES, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise argparse.ArgumentTypeError(
+        f"{value!r}{hint} is neither one of {', '.join(ENCODER_NAMES)} nor a local encoder directory"
+    )
+
+
+def corpus_arg(value: str) -> str:
+    if not os.path.isfile(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a file (a JSONL corpus, one passage per line)")
+    return value
+
+
 def add_build_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", required=True, help='JSONL corpus: {"id", "contents"} per line')
-    parser.add_argument("--encoder", required=True, help="e5 | bge | minilm | bm25 | PATH to a local HF encoder")
+    parser.add_argument("--corpus", required=True, type=corpus_arg, help='JSONL corpus: {"id", "contents"} per line')
+    parser.add_argument(
+        "--encoder", required=True, type=encoder_arg, help="e5 | bge | minilm | bm25 | PATH to a local HF encoder"
+    )
     parser.add_argument("--index-type", default="flat", choices=INDEX_TYPES, help="ignored for bm25")
     parser.add_argument("--out", required=True, help="index directory (resumes when it exists)")
     parser.add_argument("--encoder-path", default=None, help="weights for e5/bge (default: the hub names)")
@@ -97,25 +123,43 @@ def build_index(
     """Build `out` from `corpus`. `encoder` is a name / path ("bm25" for BM25) or a loaded `Encoder`."""
     t0 = time.perf_counter()
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the directory is "incomplete" until we finish
-    store = CorpusStore.build(corpus, str(out_dir / CORPUS_DIR))
-    if encoder == "bm25":
-        manifest = _build_bm25(store, out_dir, params)
-    else:
-        if isinstance(encoder, str):
-            from retrieval_server.encoders import load_encoder
+    with _removed_if_failed(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the directory is "incomplete" until we finish
+        store = CorpusStore.build(corpus, str(out_dir / CORPUS_DIR))
+        if encoder == "bm25":
+            manifest = _build_bm25(store, out_dir, params)
+        else:
+            if isinstance(encoder, str):
+                from retrieval_server.encoders import load_encoder
 
-            encoder = load_encoder(encoder, device, encoder_path, pooling, max_length, batch_size)
-        chunks = _encode_chunks(store, encoder, out_dir / EMB_DIR, chunk_size)
-        manifest = _build_dense(chunks, encoder.dim, index_type, out_dir, len(store), params)
-        manifest.update(
-            encoder=encoder.name, model_path=encoder.model_path, pooling=encoder.pooling, max_length=encoder.max_length
-        )
-    manifest.update(n_docs=len(store), build_s=round(time.perf_counter() - t0, 1))
-    _write_json_atomic(out_dir / MANIFEST, manifest)
-    logger.info("index complete: %s (%d docs, %.0f s)", out_dir, len(store), time.perf_counter() - t0)
-    return str(out_dir)
+                encoder = load_encoder(encoder, device, encoder_path, pooling, max_length, batch_size)
+            chunks = _encode_chunks(store, encoder, out_dir / EMB_DIR, chunk_size)
+            manifest = _build_dense(chunks, encoder.dim, index_type, out_dir, len(store), params)
+            manifest.update(
+                encoder=encoder.name,
+                model_path=encoder.model_path,
+                pooling=encoder.pooling,
+                max_length=encoder.max_length,
+            )
+        manifest.update(n_docs=len(store), build_s=round(time.perf_counter() - t0, 1))
+        _write_json_atomic(out_dir / MANIFEST, manifest)
+        logger.info("index complete: %s (%d docs, %.0f s)", out_dir, len(store), time.perf_counter() - t0)
+        return str(out_dir)
+
+
+@contextlib.contextmanager
+def _removed_if_failed(out_dir: Path):
+    """A build that fails in a directory it made, before any embedding chunk is finished (a failed encoder load, a bad
+    corpus line), leaves no directory behind: nothing in it would save work on the next try. One with finished chunks
+    stays, for the next run to resume from."""
+    created = not out_dir.exists()
+    try:
+        yield
+    except BaseException:
+        if created and not any((out_dir / EMB_DIR).glob("*.npy")):
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _build_bm25(store: CorpusStore, out_dir: Path, params: dict) -> dict:

@@ -129,7 +129,28 @@ class DenseIndex:
             need = max(int(self.params.get("nlist", 1)), 2 ** int(self.params.get("nbits", 0)))
             if len(sample) < need:
                 raise ValueError(f"{self.index_type} needs >= {need} training vectors, got {len(sample)}")
+            self._warn_small_sample(len(sample))
             self.index.train(np.ascontiguousarray(sample, dtype=np.float32))
+
+    def _warn_small_sample(self, n: int) -> None:
+        """faiss prints "please provide at least ... training points" once per k-means it runs when the sample is
+        under its rule of thumb: the coarse quantizer and each of the pq_m sub-quantizers, 97 lines for a 768-d
+        IVF-PQ on a small corpus. Say it once here and let faiss train quietly (the threshold only gates that
+        message; the clustering is the same)."""
+        ivf = self.index
+        if not isinstance(ivf, faiss.IndexIVFPQ):
+            return
+        quantizers = [(ivf.cp, ivf.nlist), (ivf.pq.cp, 1 << ivf.pq.nbits)]
+        wanted = max(k * cp.min_points_per_centroid for cp, k in quantizers)
+        if n < wanted:
+            logger.warning(
+                "training %s on %d vectors, fewer than the %d faiss recommends (tiny corpus: recall may suffer)",
+                self.index_type,
+                n,
+                wanted,
+            )
+            for cp, _ in quantizers:
+                cp.min_points_per_centroid = 1
 
     def add(self, vectors: np.ndarray) -> None:
         self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))

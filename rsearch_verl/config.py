@@ -154,6 +154,9 @@ class SupervisorConfig(ConfigNode):
 @dataclass
 class RetrieverConfig(ConfigNode):
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
+    # the server's bearer token (its --token); None: $RETRIEVER_TOKEN where the run starts. Never logged: config.yaml
+    # and the metrics logger get `public_dict(cfg)`, which redacts it (prefer the variable: a command line is visible)
+    token: str | None = None
     encoder: str = "minilm"  # e5 | bge | minilm | bm25 | a local HF path
     index_type: str = "flat"  # flat | hnsw | hnsw_sq8 | ivfpq | ivfpq_rerank | sq8 (docs/retriever.md)
     corpus: str | None = None  # JSONL corpus; None with data.source=toy_world = the toy world's corpus
@@ -612,7 +615,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key (known: {sorted(fields)})")
+        raise ConfigError(unknown_key_message(prefix, unknown[0], fields))
     kwargs = {}
     hints = _resolved_hints(cls)
     for name, value in data.items():
@@ -624,6 +627,52 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
         else:
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def unknown_key_message(prefix: str, key: str, known) -> str:
+    """One line naming an unknown key, its close matches and the keys valid at that level."""
+    import difflib
+
+    full = f"{prefix}.{key}" if prefix else key
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(f'{prefix}.{c}' if prefix else c for c in close)}?" if close else ""
+    return f"{full}: unknown key{hint} (known at {prefix or 'the top level'}: {', '.join(sorted(known))})"
+
+
+def check_override_keys(overrides: list[str], groups: tuple[str, ...] = ()) -> None:
+    """Raise ConfigError for a command-line override whose key is not in the schema (`trainer.total_step=2` and
+    `+trainer.total_step=2` alike), before Hydra composes anything: Hydra suggests the `+` form for an unknown key,
+    and `--cfg job` would print it without validating. `groups` are config group names (their options are files,
+    not keys); keys under a mapping-typed field (`rollout.protocol_kwargs.*`) and `hydra.*` are not checked."""
+    hints_root = RSearchConfig
+    for override in overrides:
+        if override.startswith("-") or ("=" not in override and not override.startswith("~")):
+            continue  # a flag, or a flag's value (`--cfg job`)
+        key = override.split("=", 1)[0].lstrip("+~")
+        parts = key.split(".")
+        if parts[0] == "hydra" or "/" in key or "@" in key or (len(parts) == 1 and parts[0] in groups):
+            continue  # Hydra's own keys, group paths (`hydra/launcher=...`), packages, config group choices
+        cls, prefix = hints_root, ""
+        for part in parts:
+            fields = {f.name for f in dataclasses.fields(cls)}
+            if part not in fields:
+                raise ConfigError(unknown_key_message(prefix, part, fields))
+            hint = _resolved_hints(cls)[part]
+            prefix = f"{prefix}.{part}" if prefix else part
+            if not dataclasses.is_dataclass(hint):
+                break  # a leaf or a free-form mapping: nothing below it to check
+            cls = hint
+
+
+def public_dict(cfg: RSearchConfig) -> dict:
+    """`to_dict(cfg)` with secrets redacted: what config.yaml and the metrics logger get (workers get `to_dict`)."""
+    out = to_dict(cfg)
+    if out["retriever"].get("token"):
+        out["retriever"]["token"] = REDACTED
+    return out
+
+
+REDACTED = "<redacted>"
 
 
 def _resolved_hints(cls: type) -> dict[str, Any]:

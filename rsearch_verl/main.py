@@ -19,12 +19,13 @@ docs/health.md); anything else is a crash.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from rsearch_verl.config import RSearchConfig, from_omegaconf, register_schema
+from rsearch_verl.config import ConfigError, RSearchConfig, check_override_keys, from_omegaconf, register_schema
 from rsearch_verl.log_setup import setup_logging
 from rsearch_verl.search.service import RetrieverError
 from rsearch_verl.trainer.health import STOP_EXIT_CODE, RunStopped
@@ -41,6 +42,20 @@ def run(cfg: RSearchConfig, run_dir: str) -> dict:
 
 
 register_schema()
+CONFIG_EXIT_CODE = 2  # a config mistake (as argparse exits on a bad flag)
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Exit 2 with one line when an override names a key the schema lacks, before Hydra composes: Hydra would
+    suggest `+key=value` for it, and `--cfg job` prints a config without running `main`, so without this check
+    `+trainer.total_step=2 --cfg job` looked fine."""
+    groups = tuple(name for name in os.listdir(RECIPES) if os.path.isdir(os.path.join(RECIPES, name)))
+    try:
+        check_override_keys(argv, groups)
+    except ConfigError as exc:
+        print(f"invalid override: {exc}", file=sys.stderr)  # noqa: T201 - before logging is set up
+        sys.exit(CONFIG_EXIT_CODE)
 
 
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
@@ -48,7 +63,11 @@ def main(oc_cfg: DictConfig) -> None:
     setup_logging()
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = from_omegaconf(oc_cfg)
+    try:
+        cfg = from_omegaconf(oc_cfg)
+    except ConfigError as exc:  # one line naming the key, not a traceback
+        logger.error("invalid config: %s", exc)
+        sys.exit(CONFIG_EXIT_CODE)
     run_dir = cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir
     try:
         run(cfg, run_dir)
@@ -58,4 +77,5 @@ def main(oc_cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -23,12 +23,14 @@ import os
 import random
 import shutil
 import tempfile
+import time
 
 import torch
 
 from rsearch_verl.config import RSearchConfig, SFTConfig, load_config, validate_sft
 
 logger = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 30.0  # a log line at least this often while an epoch runs
 
 
 def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tuple[list[int], list[float]]:
@@ -91,10 +93,14 @@ def train_sft(model, tokenizer, demos: list[dict], opts: SFTConfig, until=None) 
     rng = random.Random(opts.seed)
     model.train()
     history = []
+    said = time.monotonic()
     for epoch in range(opts.epochs):
         rng.shuffle(batches)  # batch order is random; batch contents stay length-sorted
         losses = []
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            if time.monotonic() - said >= PROGRESS_EVERY_S:  # an epoch can take minutes on CPU: say it is running
+                said = time.monotonic()
+                logger.info("sft epoch %d/%d: batch %d/%d", epoch + 1, opts.epochs, i, len(batches))
             loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id), denominator)
             optim.zero_grad(set_to_none=True)
             loss.backward()

@@ -33,7 +33,7 @@ import random
 
 import numpy as np
 
-from rsearch_verl.config import RSearchConfig, WarmStartConfig
+from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
 from rsearch_verl.data.toy_world import build_toy_world
@@ -166,22 +166,45 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartConfig, seed:
 def warm_start(cfg: RSearchConfig) -> str:
     """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
 
-    The cache key is everything that shapes it -- the model and tokenizer, the protocol, the world, the retriever's
-    top-k, the options (the `warm_start` group) and model.warm_start_seed -- and not the RL seed, so RL seeds share
-    one warm start."""
+    Cached under `cache_key(cfg)`; a build from an empty cache takes minutes on CPU and logs each epoch."""
     opts = cfg.warm_start
     seed = cfg.model.warm_start_seed
-    key = [dataclasses.asdict(cfg.model), cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world)]
-    key += [cfg.retriever.topk, dataclasses.asdict(opts)]
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", digest)
+    out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
     if os.path.isfile(os.path.join(out, "config.json")):
+        logger.info("warm start: cached at %s", out)
         return out
+    logger.info(
+        "warm start: building %s (SFT on %d toy demonstrations per epoch, up to %d copy + %d mix epochs, each "
+        "followed by a %d-question probe; ~10 min on 2 CPU cores, once per world and model: later runs reuse it)",
+        out,
+        opts.n_demos,
+        opts.copy_epochs,
+        opts.mix_epochs,
+        opts.probe_questions,
+    )
     model, tokenizer = load_policy(cfg, seed=seed)
     report = train_toy(model, tokenizer, cfg, opts, seed)
     save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
+
+
+# Model fields the warm start does not read: load_policy drops sft_checkpoint (it is what this resolves), the SFT trains
+# the full model without adapters (LoRA wraps the actor and critic only, in the workers) and with the model's default
+# attention. They are put at their defaults in the key, so turning LoRA on reuses the cached warm start (the same
+# bytes) and keys of runs that never set them stay what they were.
+NOT_IN_KEY = ("lora_rank", "lora_alpha", "lora_target_modules", "attn_implementation")
+
+
+def cache_key(cfg: RSearchConfig) -> str:
+    """The warm start's cache key: everything that shapes it -- the model and tokenizer (minus NOT_IN_KEY), the
+    protocol, the world, the retriever's top-k, the options (the `warm_start` group) and model.warm_start_seed -- and
+    not the RL seed, so RL seeds share one warm start."""
+    defaults = ModelConfig()
+    model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
+    key = [dataclasses.asdict(model), cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world)]
+    key += [cfg.retriever.topk, dataclasses.asdict(cfg.warm_start)]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def read_report(checkpoint: str) -> dict | None:

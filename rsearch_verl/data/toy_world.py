@@ -24,8 +24,9 @@ Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
     tok_dir = toy_tokenizer(world, ["search_r1"])      # rsearch_verl/data/toy_tokenizer.py: for the tiny policy
     demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/data/toy_demos.py: SFT demos
-CLI (build or find the cached world, print its paths and a few questions):
-    python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR]
+CLI (build or find the cached world, print its paths and a few questions; `--corpus-out` copies the corpus, e.g. for
+launch/retriever.sh's CORPUS, see docs/quick_tour.md):
+    .venv/bin/python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--corpus-out F.jsonl]
     python -m rsearch_verl.data.toy_tokenizer --protocols search_r1   # its tokenizer (data/toy_tokenizer.py)
 """
 
@@ -317,6 +318,9 @@ def _load(root: str, cfg: ToyWorldConfig) -> World:
     return World(root, paths["corpus"], paths["train"], paths["val"], cfg, entities)
 
 
+_ANNOUNCED: set[str] = set()  # worlds this process has logged "reusing" for
+
+
 def build_toy_world(cfg: ToyWorldConfig) -> World:
     """Build the world for `cfg` or reuse the cached one (same config -> same files, byte for byte)."""
     if cfg.n_entities < 20 or cfg.n_train < 1 or cfg.n_val < 1:
@@ -324,7 +328,9 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
     base = os.path.abspath(os.path.expanduser(cfg.cache_dir))
     root = os.path.join(base, world_hash(cfg))
     if os.path.exists(os.path.join(root, "world.json")):
-        logger.info("toy world: reusing %s", root)
+        # once per world and process at INFO: the data, the tokenizer and the warm start each load the same world
+        logger.log(logging.DEBUG if root in _ANNOUNCED else logging.INFO, "toy world: reusing %s", root)
+        _ANNOUNCED.add(root)
         return _load(root, cfg)
     os.makedirs(base, exist_ok=True)
     entities, corpus, train, val = generate(cfg)
@@ -370,10 +376,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-train", type=int, default=defaults.n_train)
     parser.add_argument("--n-val", type=int, default=defaults.n_val)
     parser.add_argument("--cache-dir", default=defaults.cache_dir)
+    parser.add_argument("--corpus-out", default=None, help="also copy the corpus JSONL here (for launch/retriever.sh)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir)
     world = build_toy_world(cfg)
+    if args.corpus_out:
+        shutil.copyfile(world.corpus_path, args.corpus_out)
+        logger.info("toy world: corpus (%s) copied to %s", world.corpus_path, args.corpus_out)
     for label, path in (("corpus", world.corpus_path), ("train", world.train_path), ("val", world.val_path)):
         print(f"{label}\t{path}")  # noqa: T201
     for q in world.questions("val")[:3]:

@@ -168,12 +168,40 @@ def _sizes_by_source(per_dataset: dict[str, list[dict]]) -> dict[str, int]:
     return sizes
 
 
+EXAMPLES = """examples:
+  # the toy world's held-out split, a random tiny policy (a smoke test: EM ~0), or a run's checkpoint
+  .venv/bin/python -m rsearch_verl.eval --checkpoint tiny --toy-world --max-samples 8 --out outputs/eval_toy
+  .venv/bin/python -m rsearch_verl.eval --checkpoint RUN_DIR/checkpoints/step_000020/actor/hf --toy-world \\
+      --out outputs/eval_run +recipe=search_r1_ppo
+  # benchmark parquet files (python -m rsearch_verl.data.prepare) against a running retrieval server
+  .venv/bin/python -m rsearch_verl.eval --checkpoint CKPT --data data/nq/test.parquet --out outputs/eval_nq \\
+      +recipe=search_r1_ppo retriever.url=http://127.0.0.1:8000"""
+
+
+def checkpoint_arg(value: str) -> str:
+    """--checkpoint: 'tiny', `package:NAME`, a hub name (`org/name`, GPU clusters) or an existing local directory;
+    a local-looking path that does not exist fails here, naming it (it used to reach the hub client, whose error
+    was about repo id characters)."""
+    local = value.startswith(("/", ".", "~")) or value.count("/") >= 2
+    if local and not os.path.isdir(os.path.expanduser(value)):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a directory: give a run's HF export (RUN_DIR/checkpoints/step_N/actor/hf), a model "
+            "directory, or 'tiny'"
+        )
+    return os.path.expanduser(value) if local else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rsearch_verl.eval",
-        description="Evaluate a checkpoint with search; extra arguments are Hydra overrides of the recipe.",
+        description="Evaluate a checkpoint with search; extra arguments are Hydra overrides of the recipe "
+        "(default +recipe=search_r1_ppo).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True, help="HF model directory (e.g. <ckpt>/actor/hf) or 'tiny'")
+    parser.add_argument(
+        "--checkpoint", required=True, type=checkpoint_arg, help="HF model directory (e.g. <ckpt>/actor/hf) or 'tiny'"
+    )
     parser.add_argument("--data", nargs="*", default=[], help="parquet files from rsearch_verl.data.prepare")
     parser.add_argument("--toy-world", action="store_true", help="evaluate on the toy world's held-out split")
     parser.add_argument("--out", required=True, help="output directory (per-example JSONL and results.json)")

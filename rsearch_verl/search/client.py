@@ -88,7 +88,7 @@ def default_sources(cfg: RetrieverConfig) -> dict[str, Source]:
     """`local` when `cfg.url` is set; `arxiv` always; `web`/`news` (Serper) only when $SERPER_API_KEY is set."""
     sources: dict[str, Source] = {"arxiv": ArxivSource()}
     if cfg.url:
-        sources["local"] = LocalSource(cfg.url)
+        sources["local"] = LocalSource(cfg.url, cfg.token)  # token None: $RETRIEVER_TOKEN
     if os.environ.get("SERPER_API_KEY"):
         sources["web"] = SerperSource(kind="search")
         sources["news"] = SerperSource(kind="news")

@@ -41,6 +41,7 @@ class RetrieverError(RuntimeError):
 
 TOKEN_ENV = "RETRIEVER_TOKEN"  # what the server and the search clients (search/sources/local.py) read
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PROGRESS_EVERY_S = 10.0  # a wait this long gets a log line (an index load can take minutes)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,10 +71,22 @@ def serving_host(ray_address: str | None) -> str:
 
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> dict:
-    """Poll GET /health until it answers 200 (each probe has its own short timeout)."""
-    deadline = time.monotonic() + timeout_s
+    """Poll GET /health until it answers 200 (each probe has its own short timeout); every PROGRESS_EVERY_S say
+    what it waits for and the key that bounds the wait."""
+    start = time.monotonic()
+    deadline, said = start + timeout_s, start
     last_error = "no answer"
     while time.monotonic() < deadline:
+        if time.monotonic() - said >= PROGRESS_EVERY_S:
+            said = time.monotonic()
+            logger.info(
+                "waiting for the retrieval server at %s to answer GET /health: %.0f s of retriever.start_timeout_s=%g"
+                " (%s)",
+                url,
+                said - start,
+                timeout_s,
+                last_error,
+            )
         if proc is not None and proc.poll() is not None:
             raise RetrieverError(f"retrieval server exited with code {proc.returncode} before becoming healthy")
         try:
@@ -133,8 +146,8 @@ class RetrieverService:
         # reachable from other hosts: a token (the clients of this process read it from the environment; placement
         # forwards it to the worker actors); close() puts back what was there (a test process runs many services)
         self._env_before = os.environ.get(TOKEN_ENV)
-        if host not in LOOPBACK:
-            os.environ[TOKEN_ENV] = self._env_before or secrets.token_urlsafe(32)
+        if self.cfg.token or host not in LOOPBACK:  # retriever.token first, else the variable, else a new one
+            os.environ[TOKEN_ENV] = self.cfg.token or self._env_before or secrets.token_urlsafe(32)
         self._log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             info = self._spawn()

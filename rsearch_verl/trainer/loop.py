@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from verl import DataProto
 
 from rsearch_verl import batch as batch_keys
-from rsearch_verl.config import RSearchConfig, to_dict
+from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.search.breaker import RetrieverDownError
@@ -72,7 +72,7 @@ class Trainer:
             cfg.trainer.loggers,
             project=cfg.trainer.project_name,
             name=cfg.trainer.experiment_name or os.path.basename(run_dir),
-            config=to_dict(cfg),
+            config=public_dict(cfg),  # retriever.token redacted
         )
         self.history: list[dict] = []
         self.supervisor, self.watchdog, self.health = supervisor, Watchdog(cfg.trainer.watchdog), RunHealth()

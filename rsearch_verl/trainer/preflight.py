@@ -47,7 +47,7 @@ def preflight(cfg: RSearchConfig, run_dir: str) -> None:
     check_run_dir(run_dir)
     if cfg.retriever.url:
         info = wait_for_retriever(cfg.retriever.url, cfg.retriever.preflight_wait_s)
-        check_retriever_token(cfg.retriever.url, info, os.environ.get("RETRIEVER_TOKEN"))
+        check_retriever_token(cfg.retriever.url, info, cfg.retriever.token or os.environ.get("RETRIEVER_TOKEN"))
     warn_missing_keys(cfg)
     logger.info("preflight passed in %.1f s", time.monotonic() - start)
 

@@ -38,9 +38,12 @@ def secret_names(cfg=None) -> tuple[str, ...]:
 
 def worker_secrets(cfg=None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The secret env vars to forward to workers: those of `secret_names(cfg)` set (non-empty) in `environ`
-    (default: this process's environment)."""
+    (default: this process's environment), with `cfg.retriever.token`, when set, as RETRIEVER_TOKEN."""
     environ = os.environ if environ is None else environ
-    return {name: environ[name] for name in secret_names(cfg) if environ.get(name)}
+    out = {name: environ[name] for name in secret_names(cfg) if environ.get(name)}
+    if cfg is not None and cfg.retriever.token:  # retriever.token wins over the variable it defaults to
+        out["RETRIEVER_TOKEN"] = cfg.retriever.token
+    return out
 
 
 def write_runtime_env(src: str, dst: str, extra: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> list:

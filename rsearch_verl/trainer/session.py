@@ -20,9 +20,10 @@ import json
 import logging
 import os
 
-from rsearch_verl.config import RSearchConfig, to_dict
+from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.run_data import load_run_data
+from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.run_context import RunContext
@@ -54,6 +55,7 @@ def init_ray(cfg: RSearchConfig) -> bool:
 
     if ray.is_initialized():
         return False
+    quiet_expected_warnings(cpu=cfg.trainer.device == "cpu")
     # workers do not inherit the driver's environment on a cluster: the secrets travel in the runtime env (values
     # never logged, only their names)
     secrets = worker_secrets(cfg)
@@ -169,7 +171,7 @@ class TrainingSession:
 def _write_config(cfg: RSearchConfig, run_dir: str) -> None:
     from omegaconf import OmegaConf
 
-    OmegaConf.save(OmegaConf.create(to_dict(cfg)), os.path.join(run_dir, "config.yaml"))
+    OmegaConf.save(OmegaConf.create(public_dict(cfg)), os.path.join(run_dir, "config.yaml"))
 
 
 def _progress_bar(total: int, stack: contextlib.ExitStack):

@@ -22,6 +22,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
+from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import load_model, policy_tokenizer
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
@@ -58,6 +59,7 @@ class ValueModel(torch.nn.Module):
 
 class CriticWorker(Worker):
     def __init__(self, cfg_dict: dict):
+        quiet_expected_warnings(cpu=cfg_dict["trainer"]["device"] == "cpu")  # before verl looks for a GPU
         super().__init__()
         self.cfg = from_omegaconf(cfg_dict)
 

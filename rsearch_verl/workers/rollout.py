@@ -33,6 +33,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf
+from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.rollout.engines.base import Weights
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class RolloutWorker(Worker):
     VERSION_TIMEOUT_S = 600.0  # a batch waiting this long for the weights it needs means the driver is gone
 
     def __init__(self, cfg_dict: dict):
+        quiet_expected_warnings(cpu=cfg_dict["trainer"]["device"] == "cpu")  # before verl looks for a GPU
         super().__init__()
         self.cfg = from_omegaconf(cfg_dict)
         self.runner: RolloutRunner | None = None

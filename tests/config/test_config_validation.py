@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rsearch_verl.config import ConfigError, load_config, to_dict
+from rsearch_verl.config import ConfigError, check_override_keys, load_config, public_dict, to_dict
 from rsearch_verl.models import resolve_path
 
 
@@ -77,6 +77,41 @@ def test_lora_and_packing_are_off_by_default():
 def test_unknown_key_is_rejected():
     with pytest.raises(Exception, match="no_such_key"):
         load_config(["+recipe=search_r1_ppo", "+actor.no_such_key=1"])
+
+
+def test_misspelled_key_names_close_matches_with_or_without_plus():
+    # `trainer.total_step=2` made Hydra suggest `+trainer.total_step=2`, which `--cfg job` then printed silently
+    with pytest.raises(ConfigError, match=r"trainer\.total_step: unknown key; did you mean trainer\.total_steps\?"):
+        load_config(["+recipe=search_r1_ppo", "+trainer.total_step=2"])
+    for override in ("trainer.total_step=2", "+trainer.total_step=2", "~trainer.total_step"):
+        with pytest.raises(ConfigError, match="did you mean trainer.total_steps"):
+            check_override_keys(["+recipe=search_r1_ppo", override, "--cfg", "job"], groups=("recipe", "batch"))
+    fine = ["+recipe=x", "batch=y", "rollout.protocol_kwargs.k=1", "hydra.run.dir=d", "hydra/launcher=basic"]
+    check_override_keys(fine, ("recipe", "batch"))
+
+
+def test_retriever_token_is_a_key_that_config_yaml_and_logs_never_show():
+    from rsearch_verl.trainer.secrets import worker_secrets
+
+    cfg = load_config(["+recipe=search_r1_ppo", "retriever.url=http://h:8000", "retriever.token=abc"])
+    assert to_dict(cfg)["retriever"]["token"] == "abc"  # what the workers' search clients get
+    public = public_dict(cfg)
+    assert public["retriever"]["token"] == "<redacted>" and "abc" not in repr(public)
+    assert worker_secrets(cfg, environ={"RETRIEVER_TOKEN": "env"})["RETRIEVER_TOKEN"] == "abc"
+    unset = load_config(["+recipe=search_r1_ppo"])
+    assert unset.retriever.token is None and public_dict(unset)["retriever"]["token"] is None
+    assert worker_secrets(unset, environ={"RETRIEVER_TOKEN": "env"})["RETRIEVER_TOKEN"] == "env"  # the default
+
+
+def test_lora_and_attention_keep_the_warm_start_cache_key():
+    # the warm start never reads them (SFT trains the plain model); a 2-step LoRA run rebuilt it for 5 minutes
+    from rsearch_verl.warm_start import cache_key
+
+    base = cache_key(load_config(["+recipe=search_r1_grpo"]))
+    lora = ["model.lora_rank=32", "model.lora_alpha=64", "model.attn_implementation=sdpa"]
+    assert cache_key(load_config(["+recipe=search_r1_grpo", *lora])) == base
+    assert cache_key(load_config(["+recipe=search_r1_grpo", "model.warm_start_seed=1"])) != base
+    assert cache_key(load_config(["+recipe=search_r1_grpo", "data.toy_world.seed=1"])) != base
 
 
 def test_validated_config_is_frozen_and_run_context_derives_the_run_config():

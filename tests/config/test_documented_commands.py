@@ -11,40 +11,20 @@ values (HEAD_IP, /shared/... paths) are fine because validation reads neither th
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shlex
 
 import pytest
+from doc_commands import ROOT, doc_files, logical_lines  # tests/config/doc_commands.py
 
 from rsearch_verl.config import ConfigError, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENTRY_SCRIPTS = ("launch/submit.sh", "launch/train.sh")
 # a line that starts like a command: optional VAR=value prefixes, then an interpreter, ray or a launch script
 COMMAND_START = re.compile(
     r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:bash|sh|ray|\S*python3?|\S*launch/(?:submit|train)\.sh)(?:\s|$)"
 )
-
-
-def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(1-based line number, line) with `\\`-continued lines joined; a leading `$ ` prompt is dropped."""
-    out: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not pending:
-            start = number
-            line = line[2:] if line.startswith("$ ") else line
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        out.append((start, pending + line))
-        pending = ""
-    if pending:
-        out.append((start, pending))
-    return out
 
 
 def documented_commands(text: str) -> list[tuple[int, str]]:
@@ -85,14 +65,25 @@ def _trainer_args(tokens: list[str]) -> list[str] | None:
             break
     else:
         return None
+    args = _drop_printing_flags(args)
     flags = [a for a in args if a.startswith("-")]
-    if flags:  # Hydra's own flags (--cfg, --multirun) would need handling here before a doc may show them
+    if flags:  # other Hydra flags (--multirun, --config-name) would need handling here before a doc may show them
         raise ValueError(f"{flags}: not a Hydra override in {' '.join(tokens)!r}")
     return args
 
 
-def doc_files() -> list[str]:
-    return [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+def _drop_printing_flags(args: list[str]) -> list[str]:
+    """Without Hydra's `--cfg job|hydra|all` / `-c ...` and `--help`: flags that print the composed config instead of
+    running; the overrides are validated the same way."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--cfg", "-c"):
+            skip = True
+        elif arg not in ("--help", "-h"):
+            out.append(arg)
+    return out
 
 
 def all_doc_commands() -> list[tuple[str, list[str]]]:
@@ -139,8 +130,11 @@ def test_parser_on_a_sample():
         ["+recipe=search_r1_ppo", "trainer.total_steps=2"],
         ["+recipe=r_search_grpo", "seed=3"],
     ]
-    with pytest.raises(ValueError, match="--cfg"):
-        hydra_overrides("python -m rsearch_verl.main +recipe=search_r1_ppo --cfg job")
+    assert hydra_overrides("python -m rsearch_verl.main +recipe=search_r1_ppo seed=2 --cfg job") == [
+        ["+recipe=search_r1_ppo", "seed=2"]
+    ]
+    with pytest.raises(ValueError, match="--multirun"):
+        hydra_overrides("python -m rsearch_verl.main +recipe=search_r1_ppo --multirun seed=1,2")
 
 
 def test_docs_show_commands():

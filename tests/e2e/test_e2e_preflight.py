@@ -104,9 +104,10 @@ def test_wrong_retriever_token_stops_the_run_naming_the_variable(tmp_path, token
 @pytest.mark.slow
 def test_token_stays_out_of_config_and_logs(tmp_path, toy_cache):
     run_dir = tmp_path / "run"
-    token = "tok-e2e-secret-789"
+    token, key_token = "tok-e2e-secret-789", "tok-e2e-key-456"  # $RETRIEVER_TOKEN, and retriever.token (it wins)
     start = time.monotonic()
-    done = run_main("search_r1_ppo", run_dir, toy_cache, "trainer.total_steps=1", env={"RETRIEVER_TOKEN": token})
+    overrides = ("trainer.total_steps=1", f"retriever.token={key_token}")
+    done = run_main("search_r1_ppo", run_dir, toy_cache, *overrides, env={"RETRIEVER_TOKEN": token})
     logger.info("1-step run with RETRIEVER_TOKEN set: %.1f s", time.monotonic() - start)
     assert "forwarding RETRIEVER_TOKEN" in done.stderr
     texts = {"stdout": done.stdout, "stderr": done.stderr}
@@ -114,5 +115,5 @@ def test_token_stays_out_of_config_and_logs(tmp_path, toy_cache):
         if os.path.isfile(path) and path.endswith((".yaml", ".json", ".jsonl", ".log", ".txt")):
             with open(path, errors="replace") as f:
                 texts[path] = f.read()
-    assert (run_dir / "config.yaml").exists()
-    assert not [name for name, text in texts.items() if token in text]
+    assert "token: <redacted>" in (run_dir / "config.yaml").read_text()
+    assert not [name for name, text in texts.items() if token in text or key_token in text]

@@ -58,3 +58,14 @@ def test_eval_cli_table_for_two_datasets(tmp_path):
         assert all(r["data_source"] == name.split("_")[0] for r in rows)
         mean_f1 = sum(r["f1"] for r in rows) / 3
         assert results[name]["f1"] == pytest.approx(mean_f1)
+
+
+def test_missing_checkpoint_is_named_before_any_work(tmp_path, capsys):
+    from rsearch_verl.eval.evaluate import build_parser, main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", "/nonexistent", "--toy-world", "--out", str(tmp_path / "out")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "'/nonexistent' is not a directory" in last and "'tiny'" in last
+    assert not (tmp_path / "out").exists()
+    assert "--checkpoint tiny --toy-world" in build_parser().format_help()  # --help shows a working example

@@ -199,3 +199,26 @@ def test_cli_builds_ivfpq_rerank(retrieval_corpus, tmp_path):
     params = json.loads((out / MANIFEST).read_text())["params"]
     assert params["nprobe"] == 16 and params["rerank_factor"] == 8
     assert _hit_at_1(load_retriever(str(out)), pairs[:30]) >= 0.9
+
+
+def test_misspelled_encoder_fails_before_any_work(retrieval_corpus, tmp_path, capsys):
+    from retrieval_server.__main__ import main
+
+    corpus, _ = retrieval_corpus
+    out = tmp_path / "typo"
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--corpus", str(corpus), "--encoder", "minlm", "--out", str(out)])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's usage, then one line naming the value and the valid ones
+    assert exc.value.code == 2 and "'minlm' (did you mean minilm?)" in last and "e5, bge, minilm, bm25" in last
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_failed_build_leaves_no_half_built_directory(retrieval_corpus, tmp_path):
+    corpus, _ = retrieval_corpus
+    not_a_model = tmp_path / "empty_encoder"
+    not_a_model.mkdir()
+    out = tmp_path / "failed"
+    with pytest.raises((OSError, ValueError)):  # transformers cannot load an empty directory
+        build_index(str(corpus), str(not_a_model), "flat", str(out))
+    assert not out.exists()

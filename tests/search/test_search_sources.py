@@ -254,3 +254,12 @@ def test_default_sources(monkeypatch):
     assert sorted(default_sources(RetrieverConfig(url="http://127.0.0.1:1"))) == ["arxiv", "local"]
     monkeypatch.setenv("SERPER_API_KEY", "k")
     assert sorted(default_sources(RetrieverConfig(url=None))) == ["arxiv", "news", "web"]
+
+
+def test_retriever_token_from_the_config_else_the_variable(monkeypatch):
+    monkeypatch.setenv("RETRIEVER_TOKEN", "from-env")
+    configured = default_sources(RetrieverConfig(url="http://127.0.0.1:9", token="from-config"))["local"]
+    assert configured.headers == {"Authorization": "Bearer from-config"}
+    assert default_sources(RetrieverConfig(url="http://127.0.0.1:9"))["local"].headers == {
+        "Authorization": "Bearer from-env"
+    }

@@ -116,3 +116,12 @@ def test_missing_web_key_is_a_warning(caplog, monkeypatch, tmp_path):
     with caplog.at_level(logging.WARNING):
         preflight(cfg, str(tmp_path))
     assert "SERPER_API_KEY is not set: the news/web search tools" in caplog.text
+
+
+def test_waiting_for_the_retrieval_server_names_the_key(monkeypatch, caplog):
+    from rsearch_verl.trainer import retriever_service
+
+    monkeypatch.setattr(retriever_service, "PROGRESS_EVERY_S", 0.2)
+    with caplog.at_level(logging.INFO), pytest.raises(retriever_service.RetrieverError, match="not healthy after"):
+        retriever_service.wait_healthy("http://127.0.0.1:9", timeout_s=1.0)
+    assert "retriever.start_timeout_s=1" in caplog.text

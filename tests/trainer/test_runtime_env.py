@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest -q tests/trainer/test_runtime_env.py
 
 import os
 import stat
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -89,3 +90,14 @@ def test_submit_copy_carries_set_secrets_only(tmp_path):
     assert env["excludes"] == _excludes()
     assert stat.S_IMODE(dst.stat().st_mode) == 0o600
     assert "tok-123" not in RUNTIME_ENV.read_text()
+
+
+def test_launch_scripts_name_their_mistakes(tmp_path):
+    # retriever.sh is configured by environment variables: a stray `serve` (copied from the server's CLI) was ignored
+    cmd = ["bash", "launch/retriever.sh", "serve"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "takes no arguments (got: serve)" in done.stderr
+    # submit.sh runs the venv's programs, never `python` / `ray` from PATH; a missing one is named
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:1", "PYTHON": str(tmp_path / "no_python")}
+    done = subprocess.run(["bash", "launch/submit.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "no_python not found" in done.stderr

