@@ -53,6 +53,7 @@ RUN = (
         30,
         ('"result":[[{"document"',),
     ),
+    Run("REPLICAS=2 INDEX_DIR=indexes/toy PORT=8001 bash launch/retriever.sh", 180, serve_url="http://127.0.0.1:8001"),
     Run(f".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo {TOUR_URL} --cfg job", 60, ("total_steps: 20",)),
     Run(
         f".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo {TOUR_URL} model.sft_checkpoint=null "
@@ -103,6 +104,9 @@ SKIP = {
     "RAY_ADDRESS=http://HEAD_IP:8265 bash launch/submit.sh +recipe=r1_searcher_rpp model=qwen2_5_7b_base "
     "data=nq_hotpotqa retriever=wiki18_e5 retriever.url=http://RETRIEVER:8000 rollout=vllm trainer=gpu_1x8 "
     "trainer.run_dir=/shared/runs/r1_searcher": _CLUSTER,
+    "RAY_ADDRESS=<head>:6379 REPLICAS=4 REPLICA_CPUS=8 HOST=0.0.0.0 RETRIEVER_TOKEN=<secret> "
+    "INDEX_DIR=indexes/minilm_flat bash launch/retriever.sh": "Serve replicas on a cluster at a placeholder address "
+    "(benchmarks/retrieval_scaleout.py runs them on the netns hosts; REPLICAS=2 locally is run here)",
     ".venv/bin/python -m pytest tests/cluster": "the multi-host tests (root, network namespaces, 227 s): part of "
     "the suite CI runs already",
     # gpu.md
