@@ -6,7 +6,7 @@
     client.metrics()  # {"search/calls": ..., "search/latency_p50": ..., ...}
     await client.aclose()
 
-It is a `SearchFn` (see `rsearch_verl.rollout.protocols.base`). Every HTTP request has a timeout
+It is a `SearchFn` (see `rsearch_verl.search.types`). Every HTTP request has a timeout
 (`cfg.timeout_s`); timeouts, connection errors and 5xx are retried up to `cfg.max_retries` times with
 exponential backoff and jitter; 4xx and unparseable answers are not retried. At most `cfg.max_concurrency`
 requests are in flight. For batched sources (our retrieval server) concurrent calls that arrive within
