@@ -4,7 +4,8 @@ Demonstrations are written on *practice* sub-worlds (`practice_sides`): drawn li
 the same name words, but with new name combinations and new facts, and never a validation entity. A fact is
 demonstrated about once, so a policy cannot lower its SFT loss by memorising question -> answer: it has to copy
 names from the question into its search and the answer out of the retrieved passage, which is what transfers to
-held-out entities. Each demonstration follows a protocol's own format (checked with the protocol's parser).
+held-out entities. Each demonstration follows its protocol's `demo_format` (rsearch_verl/rollout/protocols/, checked
+with the protocol's own parser).
 
 Usage:
     from rsearch_verl.data.toy_demos import demonstrations
@@ -36,25 +37,6 @@ from rsearch_verl.data.toy_world import (
     question_pool,
 )
 from rsearch_verl.segments import OBSERVATION, POLICY
-
-# How the policy writes a thought, a search call and the final answer in each protocol (the papers' formats).
-# Every rendered demonstration is checked against the protocol's own parser, so a mismatch fails loudly.
-DEMO_FORMATS = {
-    "search_r1": ("<think> {t} </think>\n", "<search> {q} </search>", "<answer> {a} </answer>"),
-    "research": (
-        "<think> {t} </think>\n",
-        "<search> {q} </search>",
-        "<answer> The final answer is \\boxed{{{a}}} </answer>",
-    ),
-    "r1_searcher": ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>"),
-    "r_search": ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>"),
-    "nl_dag": ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>"),
-    "tool_call": (
-        "<think> {t} </think>\n",
-        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>',
-        "<answer> {a} </answer>",
-    ),
-}
 
 
 def _run_sync(make_coro):
@@ -118,9 +100,9 @@ def _final_thought(q: dict) -> str:
     return fact_sentence(attr, subject, q["golden_answers"][0])
 
 
-def _search_segments(proto, fmt, q: dict, search, topk: int) -> list[tuple[str, str]]:
+def _search_segments(proto, q: dict, search, topk: int) -> list[tuple[str, str]]:
     """One (search turn, observation) pair per hop, each searching the hop's fact by its key."""
-    think, call, _ = fmt
+    think, call, _ = proto.demo_format
     attrs = question_attrs(q)
     segments: list[tuple[str, str]] = []
     for hop in range(q["hops"]):
@@ -170,12 +152,11 @@ def question_attrs(q: dict) -> list[str]:
     raise ValueError(f"demonstrations: {q['question']!r} matches no toy-world template")
 
 
-def _evidence(passages: dict[str, str], protocol_name: str, q: dict) -> str:
-    """R-Search writes the supporting passages' text, unmodified, as evidence before its answer (not masked)."""
-    if protocol_name != "r_search":
+def _evidence(passages: dict[str, str], proto, q: dict) -> str:
+    """The protocol's evidence before its answer (R-Search: the supporting passages' text, unmodified), or ""."""
+    if not proto.demo_evidence:
         return ""
-    text = " ".join(passages[pid].split("\n", 1)[1] for pid in q["support"])
-    return f"<original_evidence> {text} </original_evidence>\n"
+    return proto.demo_evidence.format(e=" ".join(passages[pid].split("\n", 1)[1] for pid in q["support"]))
 
 
 @dataclass
@@ -229,9 +210,10 @@ def demonstrations(
     """
     from rsearch_verl.rollout.protocols import get_protocol
 
-    if protocol_name not in DEMO_FORMATS:
-        raise ValueError(f"demonstrations: no demo format for {protocol_name!r} (known: {sorted(DEMO_FORMATS)})")
-    proto, fmt = get_protocol(protocol_name), DEMO_FORMATS[protocol_name]
+    proto = get_protocol(protocol_name)  # the paper's protocol as the demonstration format writes it (default kwargs)
+    fmt = getattr(proto, "demo_format", None)
+    if fmt is None:
+        raise ValueError(f"demonstrations: protocol {protocol_name!r} has no demo_format")
     if tokenizer is not None:
         proto.bind_tokenizer(tokenizer, chat=variant == "instruct")
     rng = random.Random(f"demos-{seed}-{protocol_name}")
@@ -244,9 +226,9 @@ def demonstrations(
         q = rng.choice(side.two_hop if side.two_hop and rng.random() < TWO_HOP_SHARE else side.one_hop)
         searched = rng.random() >= p_no_search
         if searched:
-            segments = _search_segments(proto, fmt, q, searches[k], topk)
+            segments = _search_segments(proto, q, searches[k], topk)
             answer = q["golden_answers"][0]
-            final = fmt[0].format(t=_final_thought(q)) + _evidence(side.passages, protocol_name, q)
+            final = fmt[0].format(t=_final_thought(q)) + _evidence(side.passages, proto, q)
             segments += _answer_segments(final + fmt[2].format(a=answer), answer, len(final), "answer")
         else:
             answer = _guess(side.entities, rng, q)

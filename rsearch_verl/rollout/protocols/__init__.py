@@ -1,6 +1,10 @@
-"""Search protocols, one file per paper, picked by YAML name with `get_protocol(name)`.
+"""Search protocols, one file per paper (its prompts, parser, observation and demonstration formats), picked by YAML
+name. Adding a protocol: one file here and one line in `_REGISTRY`.
 
-    proto = get_protocol("search_r1")      # search_r1 | research | r1_searcher | r_search | nl_dag | tool_call
+    proto = protocol_for(cfg)              # THE run's protocol (rollout.protocol + rollout.protocol_kwargs): built
+                                           # once per process (driver, eval, each rollout worker) and handed down
+    proto = get_protocol("search_r1")      # a protocol by name: search_r1 | research | r1_searcher | r_search |
+                                           # nl_dag | tool_call (data preparation, demonstrations, the viewer)
     proto.stop_strings, proto.build_prompt(q), proto.parse_turn(text), await proto.observe(action, search, topk)
 
 Modules are imported lazily so that `protocols.base` can be imported from anywhere (the search package
@@ -10,9 +14,12 @@ imports `Doc` from it) without pulling every protocol in.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
+from rsearch_verl.rollout.protocols.base import PROMPT_VARIANTS, Action, SearchProtocol
+
+if TYPE_CHECKING:
+    from rsearch_verl.config import RSearchConfig
 
 # YAML name -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -29,13 +36,31 @@ def protocol_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
-    """A fresh protocol instance for its YAML name; keyword arguments go to the protocol's constructor."""
+def protocol_class(name: str) -> type[SearchProtocol]:
+    """The protocol class registered under its YAML name (ValueError naming the known ones otherwise)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown search protocol {name!r}; known: {', '.join(protocol_names())}")
     module_name, class_name = _REGISTRY[name]
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**kwargs)
+    return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["Action", "SearchProtocol", "get_protocol", "protocol_names"]
+def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
+    """A fresh protocol instance for its YAML name; keyword arguments go to the protocol's constructor."""
+    return protocol_class(name)(**kwargs)
+
+
+def protocol_for(cfg: RSearchConfig) -> SearchProtocol:
+    """The run's protocol: `rollout.protocol` built with `rollout.protocol_kwargs`. Call it once per process and hand
+    the instance down (a protocol may hold per-tokenizer state: tool_call's observation frame)."""
+    return get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+
+
+__all__ = [
+    "PROMPT_VARIANTS",
+    "Action",
+    "SearchProtocol",
+    "get_protocol",
+    "protocol_class",
+    "protocol_for",
+    "protocol_names",
+]

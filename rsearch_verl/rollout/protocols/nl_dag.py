@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from rsearch_verl.rollout.protocols.base import Action
-from rsearch_verl.rollout.protocols.search_r1 import MAX_QUERY_CHARS, TagSearchProtocol
+from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS, TagSearchProtocol
 from rsearch_verl.search.client import SearchError
 from rsearch_verl.search.types import SearchFn
 
@@ -197,19 +197,14 @@ class NLDagProtocol(TagSearchProtocol):
     observation_close = "</result>"
     obs_prefix = "\n"
     obs_suffix = "\n"
+    demo_format = ("<think> {t} </think>\n", "<search>\nA: {q} (Wiki)\n</search>", "<answer> {a} </answer>")
 
     def __init__(self, tools: dict[str, str] | None = None, max_nodes: int = 8):
         self.tools = dict(DEFAULT_TOOLS if tools is None else tools)
         if not self.tools or max_nodes < 1:
             raise ValueError("nl_dag needs at least one tool and max_nodes >= 1")
         self.max_nodes = max_nodes
-
-    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
-        self._check_variant(variant)
-        system = _system_prompt(self.tools, self.max_nodes)
-        if variant == "base":
-            return f"{system}\n\nQuestion: {question.strip()}\n"
-        return [{"role": "system", "content": system}, {"role": "user", "content": question.strip()}]
+        self.system_prompt = _system_prompt(self.tools, max_nodes)
 
     def _parse_query(self, body: str) -> Action:
         start = body.rfind(self.query_open)

@@ -11,7 +11,7 @@ Generation pauses at `<|end_of_query|>`; stopping at `</answer>` ends the trajec
 
 from __future__ import annotations
 
-from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search.types import Doc
 
 R1_SEARCHER_SYSTEM_PROMPT = (
@@ -34,13 +34,11 @@ class R1SearcherProtocol(TagSearchProtocol):
     observation_close = "<|end_of_documents|>"
     stop_strings = ["<|end_of_query|>", "</answer>"]
     special_tokens = ["<|begin_of_query|>", "<|end_of_query|>", "<|begin_of_documents|>", "<|end_of_documents|>"]
+    system_prompt = R1_SEARCHER_SYSTEM_PROMPT
+    demo_format = ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>")
 
-    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
-        self._check_variant(variant)
-        question = question.strip()
-        if variant == "base":
-            return f"{R1_SEARCHER_SYSTEM_PROMPT}\nUser: {question}\nAssistant: <think>"
-        return [{"role": "system", "content": R1_SEARCHER_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    def base_prompt(self, question: str) -> str:
+        return f"{self.system_prompt}\nUser: {question}\nAssistant: <think>"
 
     def format_docs(self, docs: list[Doc]) -> str:
         return "\n" + "".join(f"({i}) {d.title}: {' '.join(d.text.split())}\n" for i, d in enumerate(docs, 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rsearch_verl.rewards.formats import extract_tag
-from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search.types import Doc
 from rsearch_verl.segments import Segment, policy_text
 
@@ -39,13 +39,11 @@ class RSearchProtocol(TagSearchProtocol):
     observation_close = "</observation>"
     obs_prefix = "\n"
     obs_suffix = "\n"
-
-    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
-        self._check_variant(variant)
-        question = question.strip()
-        if variant == "base":
-            return f"{R_SEARCH_SYSTEM_PROMPT}\n\nQuestion: {question}\n"
-        return [{"role": "system", "content": R_SEARCH_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    system_prompt = R_SEARCH_SYSTEM_PROMPT
+    # no <think> tags (the paper's template asks for plain reasoning); the supporting passages' text, unmodified, as
+    # evidence before the answer (policy text: the evidence reward scores it)
+    demo_format = ("{t}\n", "<search> {q} </search>", "<answer> {a} </answer>")
+    demo_evidence = f"<{EVIDENCE_TAG}> {{e}} </{EVIDENCE_TAG}>\n"
 
     def format_docs(self, docs: list[Doc]) -> str:
         return " " + "\n".join(f'(Title: "{d.title}") {" ".join(d.text.split())}' for d in docs) + " "

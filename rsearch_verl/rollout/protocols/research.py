@@ -12,7 +12,7 @@ Results are written as in the paper's case study: one `"Title", text` line per p
 from __future__ import annotations
 
 from rsearch_verl.rewards.formats import extract_boxed, extract_tag
-from rsearch_verl.rollout.protocols.search_r1 import TagSearchProtocol
+from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search.types import Doc
 
 _FORMAT_TEXT = (
@@ -46,14 +46,16 @@ class ReSearchProtocol(TagSearchProtocol):
     observation_close = "</result>"
     obs_prefix = " "
     obs_suffix = " "
+    system_prompt = RESEARCH_SYSTEM_PROMPT
+    demo_format = (
+        "<think> {t} </think>\n",
+        "<search> {q} </search>",
+        "<answer> The final answer is \\boxed{{{a}}} </answer>",
+    )
 
-    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
-        self._check_variant(variant)
-        question = question.strip()
-        if variant == "base":
-            # the template puts a period after the question; do not double an existing one
-            return RESEARCH_BASE_TEMPLATE.replace("{question}", question.rstrip("."))
-        return [{"role": "system", "content": RESEARCH_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    def base_prompt(self, question: str) -> str:
+        # the template puts a period after the question; do not double an existing one
+        return RESEARCH_BASE_TEMPLATE.replace("{question}", question.rstrip("."))
 
     def format_docs(self, docs: list[Doc]) -> str:
         lines = [f'"{d.title}", {" ".join(d.text.split())}' for d in docs]

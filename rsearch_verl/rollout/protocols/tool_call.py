@@ -35,7 +35,7 @@ from typing import Any
 
 from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Action
-from rsearch_verl.rollout.protocols.search_r1 import MAX_QUERY_CHARS, TagSearchProtocol
+from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS, TagSearchProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,12 @@ class ToolCallProtocol(TagSearchProtocol):
     stop_strings = [CALL_CLOSE, "</answer>"]
     observation_open = RESPONSE_OPEN
     observation_close = RESPONSE_CLOSE
+    system_prompt = TOOL_CALL_INSTRUCTIONS
+    demo_format = (
+        "<think> {t} </think>\n",
+        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>',
+        "<answer> {a} </answer>",
+    )
 
     def __init__(self, enable_thinking: bool | None = None, max_queries: int = 3):
         if max_queries < 1:
@@ -147,12 +153,8 @@ class ToolCallProtocol(TagSearchProtocol):
         self._bound: tuple[int, bool] | None = None
 
     # ---- prompts ----------------------------------------------------------------------------------------------
-    def build_prompt(self, question: str, variant: str = "base") -> str | list[dict[str, str]]:
-        self._check_variant(variant)
-        question = question.strip()
-        if variant == "base":
-            return f"{TOOL_CALL_INSTRUCTIONS}\n\n{tool_declaration(self.tools)}\n\nQuestion: {question}\n"
-        return [{"role": "system", "content": TOOL_CALL_INSTRUCTIONS}, {"role": "user", "content": question}]
+    def base_prompt(self, question: str) -> str:
+        return f"{self.system_prompt}\n\n{tool_declaration(self.tools)}\n\nQuestion: {question}\n"
 
     def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:
         key = (id(tokenizer), bool(chat))
