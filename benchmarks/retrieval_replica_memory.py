@@ -127,6 +127,20 @@ def titled_replicas() -> set[int]:
     return found
 
 
+@contextlib.contextmanager
+def shielded():
+    """SIGTERM / SIGINT held back while a clean-up runs (a signal must not leave half of it undone), then acted on."""
+    held: list[int] = []
+    old = {sig: signal.signal(sig, lambda s, _: held.append(s)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if held:
+            raise SystemExit(128 + held[0])
+
+
 def measure(index: Path, replicas: int, queries: list[str], args: argparse.Namespace, tmp: Path) -> list[dict]:
     port = _free_port()
     env = {**_env(), "RAY_TMPDIR": str(tmp / f"r{replicas}"), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -163,13 +177,14 @@ def measure(index: Path, replicas: int, queries: list[str], args: argparse.Names
         logger.info("%s x%d: warm-up %.0f QPS, %d errors; %s", index.name, replicas, load["qps"], load["errors"], rows)
         return rows
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server deletes its app and stops the Ray it started
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        with shielded():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # the server deletes its app and stops the Ray it started
+                try:
+                    proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
 
 def report(results: dict[tuple[str, int], list[dict]], sizes: dict[str, float], headline: str) -> None:
@@ -212,6 +227,7 @@ def main() -> None:
         p.error(f"unknown indexes {sorted(set(args.indexes) - set(INDEXES))}; choose from {INDEXES}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind through the clean-up, as Ctrl-C does
     indexes, queries = build_indexes(Path(args.work_dir) / f"n{args.docs}", args.docs, args.indexes)
     results: dict[tuple[str, int], list[dict]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="rsvmem", dir="/tmp"))  # short: Ray's unix socket paths have a length limit
@@ -220,8 +236,9 @@ def main() -> None:
             for n in args.replicas:
                 results[(kind, n)] = measure(index, n, queries, args, tmp)
     finally:
-        kill_leftovers(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
+        with shielded():
+            kill_leftovers(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
     if args.json_out:
         rows = [{"index": k, "replicas": n, **r} for (k, n), rs in results.items() for r in rs]
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
