@@ -196,11 +196,11 @@ def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
 
 def policy_tokenizer(cfg):
     """The policy's tokenizer (`cfg.model`) with the recipe's protocol's special tokens: what the driver, every
-    worker, SFT and eval load (`cfg`: an RSearchConfig)."""
-    from rsearch_verl.rollout.protocols import get_protocol
+    worker, SFT and eval load (`cfg`: an RSearchConfig). Special tokens are a protocol class's (they never depend on
+    its constructor's arguments), so no protocol is built here."""
+    from rsearch_verl.rollout.protocols import protocol_class
 
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-    return load_tokenizer(cfg.model, extra_special=proto.special_tokens)
+    return load_tokenizer(cfg.model, extra_special=protocol_class(cfg.rollout.protocol).special_tokens)
 
 
 def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):

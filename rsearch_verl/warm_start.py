@@ -17,8 +17,9 @@ Phases (the `warm_start` config group, rsearch_verl/config.py `WarmStartConfig`;
      search / no-search prior so that the greedy warm start answers from memory.
 The probes' numbers are logged and written next to the checkpoint (`warm_start.json`).
 
-    path = warm_start(cfg)            # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto
-                                      # resolves to. Its seed is model.warm_start_seed, not the RL seed.
+    path = warm_start(cfg, protocol)  # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto
+                                      # resolves to. Its seed is model.warm_start_seed, not the RL seed. `protocol`:
+                                      # the run's (rsearch_verl.rollout.protocols.protocol_for(cfg)), for the probes
     python -m rsearch_verl.warm_start --out outputs/warm_start +recipe=search_r1_ppo   # the same, to a directory
 """
 
@@ -37,6 +38,7 @@ from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
 from rsearch_verl.data.toy_world import build_toy_world
+from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
 
 logger = logging.getLogger(__name__)
@@ -61,18 +63,18 @@ class Skills:
 
 class SkillProbe:
     """Runs the policy through the real agent loop (HF engine, the protocol's own parser and observation format)
-    on questions of a held-out practice world, searching that world's passages by their keys."""
+    on questions of a held-out practice world, searching that world's passages by their keys. `protocol`: the run's;
+    None builds it from `cfg` (for a caller that holds none: a script of its own)."""
 
-    def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, engine=None):
+    def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, engine=None, protocol=None):
         from rsearch_verl.rollout.engines.hf import HFEngine
-        from rsearch_verl.rollout.protocols import get_protocol
 
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
         rng = random.Random(PROBE_SEED)
         n_two = min(len(side.two_hop), n_questions // 2)
         questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
         self.questions = questions
-        self.protocol = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+        self.protocol: SearchProtocol = protocol if protocol is not None else protocol_for(cfg)
         rows = [
             {
                 "id": f"probe-{i}",
@@ -97,7 +99,9 @@ class SkillProbe:
         cfg = dataclasses.replace(self.cfg, rollout=rollout)
         prompts = self.data.to_batch(list(range(len(self.data))), uids=[f"probe-{i}" for i in range(len(self.data))])
         prompts.meta_info.update(validate=True, seed=PROBE_SEED)
-        nt = generate_batch(self.engine, self.tokenizer, prompts, cfg, search=self.search).non_tensor_batch
+        nt = generate_batch(
+            self.engine, self.tokenizer, prompts, cfg, search=self.search, protocol=self.protocol
+        ).non_tensor_batch
         answers = [self.protocol.extract_answer([tuple(s) for s in segs]) or "" for segs in nt["segments"]]
         em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)])
         searched = nt["n_searches"].astype(int) > 0
@@ -123,10 +127,10 @@ def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float, seed: int) -> list
     return demonstrations(world, cfg.rollout.protocol, n, seed=seed, p_no_search=p_no_search, topk=cfg.retriever.topk)
 
 
-def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartConfig, seed: int) -> dict:
+def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, opts: WarmStartConfig, seed: int) -> dict:
     """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs)."""
     report: dict = {"seed": seed, "loss": [], "probes": []}
-    probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions)
+    probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions, protocol=protocol)
 
     def measured(phase: str, epoch: int, loss: float) -> dict:
         row = {"phase": phase, "epoch": epoch, "loss": round(loss, 4), **probe(1.0).as_dict()}
@@ -163,8 +167,9 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, opts: WarmStartConfig, seed:
     return report
 
 
-def warm_start(cfg: RSearchConfig) -> str:
+def warm_start(cfg: RSearchConfig, protocol: SearchProtocol) -> str:
     """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
+    `protocol`: the run's (`protocol_for(cfg)`), which the skill probes roll out with.
 
     Cached under `cache_key(cfg)`; a build from an empty cache takes minutes on CPU and logs each epoch."""
     opts = cfg.warm_start
@@ -183,7 +188,7 @@ def warm_start(cfg: RSearchConfig) -> str:
         opts.probe_questions,
     )
     model, tokenizer = load_policy(cfg, seed=seed)
-    report = train_toy(model, tokenizer, cfg, opts, seed)
+    report = train_toy(model, tokenizer, cfg, protocol, opts, seed)
     save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
@@ -229,9 +234,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", required=True, help="where to copy the warm start (an HF model directory)")
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides)
+    protocol = protocol_for(cfg)
     if cfg.model.path == "tiny":  # the toy world's own tokenizer, as in training (unless the recipe names one)
-        cfg = RunContext(tokenizer_path=toy_world_data(cfg).tokenizer_path).apply(cfg)
-    shutil.copytree(warm_start(cfg), args.out, dirs_exist_ok=True)
+        cfg = RunContext(tokenizer_path=toy_world_data(cfg, protocol).tokenizer_path).apply(cfg)
+    shutil.copytree(warm_start(cfg, protocol), args.out, dirs_exist_ok=True)
     return args.out
 
 

@@ -5,7 +5,8 @@ questions with the recipe's protocol and, for the tiny policy, trains the world'
 (rsearch_verl/data/toy_tokenizer.py); `data.source=parquet` reads the rows written by rsearch_verl/data/prepare.py.
 
 Usage:
-    data = load_run_data(cfg)   # -> RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
+    data = load_run_data(cfg, protocol)   # -> RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
+                                          # `protocol`: the run's (protocol_for(cfg)), which renders the prompts
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import os
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.toy_tokenizer import toy_tokenizer
 from rsearch_verl.data.toy_world import build_toy_world
-from rsearch_verl.rollout.protocols import get_protocol
-
-DATA_SOURCES = ("toy_world", "parquet")
+from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 
 
 @dataclasses.dataclass
@@ -31,10 +30,9 @@ class RunData:
     tokenizer_path: str | None = None  # the toy world's own small tokenizer
 
 
-def toy_world_data(cfg: RSearchConfig) -> RunData:
-    """Build or reuse the toy world; prompts rendered with the recipe's protocol."""
+def toy_world_data(cfg: RSearchConfig, proto: SearchProtocol) -> RunData:
+    """Build or reuse the toy world; prompts rendered with the run's protocol `proto`."""
     world = build_toy_world(cfg.data.toy_world)
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     tok_dir = toy_tokenizer(world, [cfg.rollout.protocol]) if cfg.model.path == "tiny" else None
 
     def rows(path: str) -> list[dict]:
@@ -60,14 +58,23 @@ def toy_world_data(cfg: RSearchConfig) -> RunData:
     return RunData(rows(world.train_path), rows(world.val_path), world.corpus_path, index_dir, tok_dir)
 
 
-def load_run_data(cfg: RSearchConfig) -> RunData:
-    if cfg.data.source == "toy_world":
-        return toy_world_data(cfg)
-    if cfg.data.source != "parquet":
-        raise ValueError(f"data.source: {cfg.data.source!r} is not one of {list(DATA_SOURCES)}")
+def parquet_data(cfg: RSearchConfig, proto: SearchProtocol) -> RunData:
+    """`data.train_files` / `data.val_files` as rsearch_verl/data/prepare.py wrote them (prompts already rendered)."""
     import pandas as pd
 
     def read(files: list[str]) -> list[dict]:
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).to_dict("records") if files else []
 
     return RunData(read(cfg.data.train_files), read(cfg.data.val_files), cfg.retriever.corpus, cfg.retriever.index_dir)
+
+
+LOADERS = {"toy_world": toy_world_data, "parquet": parquet_data}
+DATA_SOURCES = tuple(LOADERS)  # what `data.source` accepts (the config validates against this)
+
+
+def load_run_data(cfg: RSearchConfig, protocol: SearchProtocol | None = None) -> RunData:
+    """The run's data (`data.source`). `protocol`: the run's; None builds it from `cfg` (for a caller that holds
+    none: a script of its own)."""
+    if cfg.data.source not in LOADERS:
+        raise ValueError(f"data.source: {cfg.data.source!r} is not one of {list(DATA_SOURCES)}")
+    return LOADERS[cfg.data.source](cfg, protocol if protocol is not None else protocol_for(cfg))

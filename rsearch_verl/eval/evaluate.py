@@ -31,6 +31,7 @@ from rsearch_verl.config import RSearchConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.eval.protocol_card import format_card, run_settings
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
+from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,9 @@ def example_rows(batch) -> list[dict]:
     return rows
 
 
-def evaluate_dataset(engine, tokenizer, dataset: PromptDataset, cfg: RSearchConfig) -> list[dict]:
+def evaluate_dataset(
+    engine, tokenizer, dataset: PromptDataset, cfg: RSearchConfig, protocol: SearchProtocol
+) -> list[dict]:
     """Run every prompt of `dataset` through the agent loop and score it with the recipe's reward."""
     from rsearch_verl.rollout.agent_loop import generate_batch
     from rsearch_verl.trainer.phases import reward_phase
@@ -74,8 +77,8 @@ def evaluate_dataset(engine, tokenizer, dataset: PromptDataset, cfg: RSearchConf
         idx = list(range(start, min(limit, start + cfg.data.val_batch_size)))
         prompts = dataset.to_batch(idx, uids=[f"eval-{i}" for i in idx])
         prompts.meta_info.update(validate=True, seed=cfg.seed)
-        batch = generate_batch(engine, tokenizer, prompts, cfg)
-        batch, _ = reward_phase(batch, cfg)
+        batch = generate_batch(engine, tokenizer, prompts, cfg, protocol=protocol)
+        batch, _ = reward_phase(batch, cfg, protocol)
         rows.extend(example_rows(batch))
     return rows
 
@@ -99,16 +102,15 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _datasets(args, cfg: RSearchConfig, tokenizer) -> tuple[dict[str, PromptDataset], str | None, str | None]:
+def _datasets(
+    args, cfg: RSearchConfig, tokenizer, proto: SearchProtocol
+) -> tuple[dict[str, PromptDataset], str | None, str | None]:
     """The datasets to evaluate, and the corpus / index the recipe's own retriever would serve."""
-    from rsearch_verl.rollout.protocols import get_protocol
-
     limit = cfg.data.max_prompt_length
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
     if args.toy_world:
         from rsearch_verl.data.run_data import toy_world_data
 
-        data = toy_world_data(cfg)
+        data = toy_world_data(cfg, proto)
         toy = PromptDataset(data.val_rows, tokenizer, limit, name="toy_world", protocol=proto)
         return {"toy_world": toy}, data.corpus, data.index_dir
     out = {}
@@ -126,6 +128,7 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     from rsearch_verl.search.service import RetrieverService
 
     recipe_cfg = load_config(overrides)
+    protocol = protocol_for(recipe_cfg)  # this process's one instance: prompts, rollouts and rewards
     # the checkpoint under evaluation is the model (not the recipe's warm start); on the toy world it brings its
     # tokenizer, or, for a random tiny policy, the toy world's own is trained (unless the recipe names one)
     ctx = RunContext(model_path=args.checkpoint)
@@ -134,10 +137,11 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     elif args.toy_world:
         from rsearch_verl.data.run_data import toy_world_data
 
-        ctx = RunContext(model_path="tiny", tokenizer_path=toy_world_data(ctx.apply(recipe_cfg)).tokenizer_path)
+        toy_tokenizer = toy_world_data(ctx.apply(recipe_cfg), protocol).tokenizer_path
+        ctx = RunContext(model_path="tiny", tokenizer_path=toy_tokenizer)
     cfg = ctx.apply(recipe_cfg)
     tokenizer = policy_tokenizer(cfg)
-    datasets, corpus, index_dir = _datasets(args, cfg, tokenizer)
+    datasets, corpus, index_dir = _datasets(args, cfg, tokenizer, protocol)
     os.makedirs(args.out, exist_ok=True)
     with contextlib.ExitStack() as stack:
         service = RetrieverService(cfg.retriever, corpus, index_dir, log_path=os.path.join(args.out, "retriever.log"))
@@ -146,7 +150,7 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
         stack.callback(engine.close)
         per_dataset = {}
         for name, dataset in datasets.items():
-            per_dataset[name] = evaluate_dataset(engine, tokenizer, dataset, cfg)
+            per_dataset[name] = evaluate_dataset(engine, tokenizer, dataset, cfg, protocol)
             with open(os.path.join(args.out, f"{name}.jsonl"), "w") as f:
                 for row in per_dataset[name]:
                     f.write(json.dumps(row) + "\n")

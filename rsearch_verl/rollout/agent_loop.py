@@ -8,7 +8,8 @@ are exactly the ones trained (nothing is re-tokenised), so a `<information>` blo
 sampled text with mask 1.
 
     traj = await run_trajectory(engine, tokenizer, protocol, search, prompt_ids, cfg, sampling)
-    batch = generate_batch(engine, tokenizer, prompts, cfg)      # DataProto with every rollout key of batch.py
+    batch = generate_batch(engine, tokenizer, prompts, cfg, protocol=protocol)  # every rollout key of batch.py
+    # `protocol`: the run's (rsearch_verl.rollout.protocols.protocol_for(cfg)), built once by the caller's process
 
 `generate_batch` repeats each prompt `rollout.n` times (`val_n` / `val_temperature` when
 `prompts.meta_info["validate"]`), seeds each trajectory from `meta_info["seed"]`, the prompt's uid and the row
@@ -37,7 +38,7 @@ from verl import DataProto
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
-from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
+from rsearch_verl.rollout.protocols import SearchProtocol
 from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.client import SearchError
 from rsearch_verl.search.process import process_breaker, process_search_client
@@ -253,7 +254,7 @@ async def generate_batch_async(
     cfg: RSearchConfig,
     search: SearchFn | None = None,
     *,
-    protocol: SearchProtocol | None = None,
+    protocol: SearchProtocol,
     pad_prompt_to: int | None = None,
     pad_response_to: int | None = None,
 ) -> DataProto:
@@ -263,7 +264,6 @@ async def generate_batch_async(
     n, temperature = (rc.val_n, rc.val_temperature) if validate else (rc.n, rc.temperature)
     batch = prompts.repeat(repeat_times=n, interleave=True)
     nt = batch.non_tensor_batch
-    protocol = protocol or get_protocol(rc.protocol, **rc.protocol_kwargs)
     protocol.bind_tokenizer(tokenizer, chat=cfg.prompt_variant == "instruct")  # tool-call observation framing
     own_client = search is None
     breaker = None
@@ -310,10 +310,12 @@ def generate_batch(
     prompts: DataProto,
     cfg: RSearchConfig,
     search: SearchFn | None = None,
+    *,
+    protocol: SearchProtocol,
     **kwargs,
 ) -> DataProto:
     """Roll out every prompt (rollout.n samples each) and return the batch with all rollout keys of batch.py."""
-    coro = generate_batch_async(engine, tokenizer, prompts, cfg, search, **kwargs)
+    coro = generate_batch_async(engine, tokenizer, prompts, cfg, search, protocol=protocol, **kwargs)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -25,7 +25,7 @@ from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.run_data import load_run_data
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import policy_tokenizer
-from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
@@ -84,8 +84,9 @@ def init_ray(cfg: RSearchConfig) -> bool:
 
 class TrainingSession:
     def __init__(self, cfg: RSearchConfig, run_dir: str):
-        # self.cfg: the recipe's validated config until the run is prepared, then the run's (RunContext.apply)
-        self.cfg, self.run_dir = cfg, os.path.abspath(run_dir)
+        self.recipe_cfg, self.run_dir = cfg, os.path.abspath(run_dir)  # the recipe's validated config, as given
+        self.run_cfg: RSearchConfig | None = None  # the run's: the recipe + what it resolved while starting (_prepare)
+        self.protocol = protocol_for(cfg)  # the run's protocol, the one instance of the driver: handed down from here
         self.context = RunContext()  # what the run resolved while starting (tokenizer, warm start, retriever URL)
         self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/warm_start.py)
         self.retriever: RetrieverService | None = None
@@ -98,28 +99,33 @@ class TrainingSession:
         self._stack.close()
 
     def _prepare(self):
-        recipe_cfg = self.cfg
-        preflight(recipe_cfg, self.run_dir)  # seconds: before the data, the warm start and the workers
-        data = load_run_data(recipe_cfg)
+        recipe = self.recipe_cfg
+        preflight(recipe, self.run_dir)  # seconds: before the data, the warm start and the workers
+        data = load_run_data(recipe, self.protocol)
         ctx = RunContext(tokenizer_path=data.tokenizer_path)
-        if recipe_cfg.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
+        # the recipe with the toy world's tokenizer: what the warm start is trained (and cached) for and what the
+        # policy's tokenizer is loaded from; the run's config (below) adds the warm start and the retriever's URL
+        with_tokenizer = ctx.apply(recipe)
+        if recipe.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
             from rsearch_verl.warm_start import read_report, warm_start
 
-            ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(recipe_cfg)))
+            ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer, self.protocol))
             self.warm_start_report = read_report(ctx.sft_checkpoint)
-        cfg = ctx.apply(recipe_cfg)
-        proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
-        tokenizer = policy_tokenizer(cfg)
-        limit = cfg.data.max_prompt_length
-        train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=proto)
-        val = PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=proto) if data.val_rows else None
-        self.retriever = RetrieverService(
-            cfg.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
+        tokenizer = policy_tokenizer(with_tokenizer)
+        limit = recipe.data.max_prompt_length
+        train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=self.protocol)
+        val = (
+            PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=self.protocol)
+            if data.val_rows
+            else None
         )
-        self.context = dataclasses.replace(ctx, retriever_url=self._stack.enter_context(self.retriever))
-        self.context = self.context.published(self.run_dir)  # the workers' hosts see the run dir, not our cache
-        self.cfg = self.context.apply(recipe_cfg)
-        _write_config(self.cfg, self.run_dir)
+        self.retriever = RetrieverService(
+            recipe.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
+        )
+        ctx = dataclasses.replace(ctx, retriever_url=self._stack.enter_context(self.retriever))
+        self.context = ctx.published(self.run_dir)  # the workers' hosts see the run dir, not our cache
+        self.run_cfg = self.context.apply(recipe)
+        _write_config(self.run_cfg, self.run_dir)
         return tokenizer, train, val
 
     def train(self) -> dict:
@@ -129,13 +135,14 @@ class TrainingSession:
         from rsearch_verl.workers.placement import build_worker_groups
 
         tokenizer, train, val = self._prepare()
-        if init_ray(self.cfg):
+        cfg = self.run_cfg
+        if init_ray(cfg):
             self._stack.callback(ray.shutdown)
-        workers = build_worker_groups(self.cfg)
-        supervisor = RetrieverSupervisor(self.retriever, self.cfg.retriever)
-        trainer = Trainer(self.cfg, self.run_dir, workers, train, val, tokenizer, supervisor=supervisor)
+        workers = build_worker_groups(cfg)
+        supervisor = RetrieverSupervisor(self.retriever, cfg.retriever)
+        trainer = Trainer(cfg, self.run_dir, workers, train, val, tokenizer, self.protocol, supervisor=supervisor)
         try:
-            history = trainer.fit(progress=_progress_bar(self.cfg.trainer.total_steps, self._stack))
+            history = trainer.fit(progress=_progress_bar(cfg.trainer.total_steps, self._stack))
         except RunStopped:
             self._summarise(trainer.history, trainer.health.summary())
             raise
@@ -147,7 +154,7 @@ class TrainingSession:
 
     def _summarise(self, history: list[dict], health: dict) -> dict:
         vals = [row for row in history if "val/em" in row]
-        summary = {"run_dir": self.run_dir, "steps": self.cfg.trainer.total_steps}
+        summary = {"run_dir": self.run_dir, "steps": self.recipe_cfg.trainer.total_steps}
         if vals:
             summary.update(
                 {

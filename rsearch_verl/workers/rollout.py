@@ -49,10 +49,11 @@ class RolloutRunner:
 
     def __init__(self, cfg: RSearchConfig, model: torch.nn.Module, tokenizer, device: torch.device):
         from rsearch_verl.rollout.engines import make_engine
-        from rsearch_verl.rollout.protocols import get_protocol
+        from rsearch_verl.rollout.protocols import protocol_for
 
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.protocol = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+        # one per process (a runner is built once, in the worker's init), handed to every batch's agent loop
+        self.protocol = protocol_for(cfg)
         # HF: the engine owns its own copy (the FSDP model's parameters become sharded DTensors); vLLM only reads
         # `model` to start (dummy weights, then these streamed in), so no copy
         engine_model = copy.deepcopy(model) if cfg.rollout.engine == "hf" else model

@@ -31,7 +31,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.rollout.agent_loop import TRUNCATION_MARKER, generate_batch, run_trajectory
 from rsearch_verl.rollout.engines import SamplingParams
-from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.rollout.protocols import get_protocol, protocol_for
 from rsearch_verl.search.client import SearchClient
 from rsearch_verl.trainer.phases import rollout_metrics
 
@@ -199,10 +199,10 @@ def test_generate_batch_keys_shapes_and_reproducibility(tok, free_engine, server
     cfg = _cfg(servers["ok"], n=2, max_tokens_per_turn=16, max_response_length=64)
     prompts = _prompts(tok, ["who wrote hamlet?", "capital of france"])
     prompts.meta_info["seed"] = 7
-    out = generate_batch(free_engine, tok, prompts, cfg)
-    again = generate_batch(free_engine, tok, prompts, cfg)
+    out = generate_batch(free_engine, tok, prompts, cfg, protocol=protocol_for(cfg))
+    again = generate_batch(free_engine, tok, prompts, cfg, protocol=protocol_for(cfg))
     prompts.meta_info["validate"] = True
-    val = generate_batch(free_engine, tok, prompts, cfg)
+    val = generate_batch(free_engine, tok, prompts, cfg, protocol=protocol_for(cfg))
     b = out.batch
     assert len(out) == 4 and list(out.non_tensor_batch["uid"]) == ["a", "a", "b", "b"]
     assert list(out.non_tensor_batch["question"]) == ["who wrote hamlet?"] * 2 + ["capital of france"] * 2
@@ -225,7 +225,7 @@ def test_generate_batch_keys_shapes_and_reproducibility(tok, free_engine, server
 
 def test_generate_batch_masks_from_scripted_searches(tok, engine, servers):
     cfg = _cfg(servers["ok"], n=1)
-    out = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=2"]), cfg)
+    out = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=2"]), cfg, protocol=protocol_for(cfg))
     nt, b = out.non_tensor_batch, out.batch
     assert list(nt["n_searches"]) == [1, 2] and list(nt["finish_reason"]) == ["answer", "answer"]
     for i in range(2):
@@ -239,5 +239,5 @@ def test_generate_batch_masks_from_scripted_searches(tok, engine, servers):
     assert (stats["rollout/searches_mean"], stats["rollout/searches_max"]) == (1.5, 2.0)
     assert stats["rollout/finish_answer"] == 1.0 and stats["rollout/finish_eos"] == 0.0
     # the process-wide client's window was reset: a second batch reports only its own searches
-    again = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=0"]), cfg)
+    again = generate_batch(engine, tok, _prompts(tok, ["searches=1", "searches=0"]), cfg, protocol=protocol_for(cfg))
     assert again.meta_info["metrics"]["search/queries"] == 1

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.rollout.agent_loop import generate_batch
+from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.process import process_search_client
 
@@ -121,7 +122,8 @@ def _observations(batch) -> list[str]:
 def test_outage_pauses_rollout_until_the_retriever_is_back(tok, engine, retriever):
     url, state = retriever
     state.update(mode="outage", outage_s=1.5, down_since=None)  # down for 1.5 s from the first search
-    out = generate_batch(engine, tok, _prompts(tok, 3), _cfg(url, deadline_s=30.0))
+    cfg = _cfg(url, deadline_s=30.0)
+    out = generate_batch(engine, tok, _prompts(tok, 3), cfg, protocol=protocol_for(cfg))
     obs = _observations(out)
     assert len(obs) == 3 and all("Hamlet is by Shakespeare" in o for o in obs), obs  # real passages, no errors
     assert not any(out.non_tensor_batch["search_failed"])
@@ -135,7 +137,7 @@ def test_slow_retriever_bounded_retries_then_deadline(tok, engine, retriever):
     state.update(mode="slow", posts=0, first_post=None)
     cfg = _cfg(url, deadline_s=2.0)
     with pytest.raises(RetrieverDownError, match="did not answer for .*deadline_s=2"):
-        generate_batch(engine, tok, _prompts(tok, 2), cfg)
+        generate_batch(engine, tok, _prompts(tok, 2), cfg, protocol=protocol_for(cfg))
     elapsed = time.monotonic() - state["first_post"]  # from the first search (generation before it is not bounded)
     # the deadline, plus the failing search that opened the breaker and one retried search in flight at the deadline
     # ((1 + max_retries) x timeout + backoff each), plus slack for a loaded machine
@@ -149,7 +151,8 @@ def test_slow_retriever_bounded_retries_then_deadline(tok, engine, retriever):
 def test_breaker_off_failures_become_marked_error_observations(tok, engine, retriever):
     url, state = retriever
     state.update(mode="slow", posts=0)
-    out = generate_batch(engine, tok, _prompts(tok, 2), _cfg(url, enable=False))
+    cfg = _cfg(url, enable=False)
+    out = generate_batch(engine, tok, _prompts(tok, 2), cfg, protocol=protocol_for(cfg))
     state["mode"] = "ok"
     assert _observations(out) == ["\n\n<information>search failed: timeout</information>\n\n"] * 2
     assert list(out.non_tensor_batch["search_failed"]) == [True, True]

@@ -17,6 +17,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.dump import write_rollout_dump
+from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
 KEYS = {"uid", "index", "prompt", "response", "response_ids", "response_mask", "reward", "n_searches", "ground_truth",
@@ -40,7 +41,7 @@ def batch_and_tok(retrieval_url, tok, model):
     cfg = RSearchConfig()
     cfg.retriever.url = retrieval_url
     try:
-        batch = generate_batch(engine, tok, prompts, cfg)
+        batch = generate_batch(engine, tok, prompts, cfg, protocol=protocol_for(cfg))
     finally:
         engine.close()
     batch.non_tensor_batch["reward"] = np.array([1.0, 0.0], dtype=object)

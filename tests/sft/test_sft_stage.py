@@ -10,6 +10,7 @@ import torch
 from rsearch_verl.config import SFTConfig, load_config
 from rsearch_verl.data.run_data import toy_world_data
 from rsearch_verl.models import load_model, load_tokenizer
+from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import _collate, sft_loss, tokenize_demo, train_sft
 from rsearch_verl.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
@@ -24,7 +25,7 @@ SMALL = [
 
 def _cfg(tmp_path, *overrides):
     cfg = load_config(["+recipe=search_r1_ppo", *SMALL, f"data.toy_world.cache_dir={tmp_path}", *overrides])
-    return RunContext(tokenizer_path=toy_world_data(cfg).tokenizer_path).apply(cfg)
+    return RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg)
 
 
 def test_observation_tokens_have_no_loss(tmp_path):
@@ -119,7 +120,7 @@ def test_warm_start_fails_loudly_without_the_skill(tmp_path):
     # the warm start's options are the `warm_start` config group: one epoch on 16 demos teaches no copying
     cfg = _cfg(tmp_path, "warm_start.n_demos=16", "warm_start.copy_epochs=1", "warm_start.probe_questions=4")
     with pytest.raises(WarmStartError, match="does not copy answers"):
-        warm_start(cfg)
+        warm_start(cfg, protocol_for(cfg))
 
 
 def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path):
@@ -127,7 +128,7 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     quick += ["warm_start.until_em=0.0", "warm_start.min_searched=0", "warm_start.mix_epochs=1"]
     quick += ["warm_start.mix_keeps_em=0.0", "warm_start.probe_questions=4"]
     cfg = _cfg(tmp_path, *quick)
-    path = warm_start(cfg)
+    path = warm_start(cfg, protocol_for(cfg))
     assert os.path.isfile(os.path.join(path, "config.json"))
     report = read_report(path)
     assert report["epochs"] == 1 and len(report["loss"]) == 2
@@ -135,9 +136,11 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     assert set(report["greedy"]) >= {"search_rate", "searched_em"} and report["seed"] == 0
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
     # another RL seed: the same warm start, not rebuilt
-    assert warm_start(_cfg(tmp_path, *quick, "seed=2")) == path
+    other_seed = _cfg(tmp_path, *quick, "seed=2")
+    assert warm_start(other_seed, protocol_for(other_seed)) == path
     assert os.path.getmtime(os.path.join(path, "config.json")) == stamp
-    assert warm_start(_cfg(tmp_path, *quick, "model.warm_start_seed=5")) != path
+    other_ws = _cfg(tmp_path, *quick, "model.warm_start_seed=5")
+    assert warm_start(other_ws, protocol_for(other_ws)) != path
     run_cfg = RunContext(sft_checkpoint=path).apply(cfg)
     reloaded = load_model(run_cfg.model, load_tokenizer(run_cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)
