@@ -17,9 +17,11 @@ one keep-alive connection, one query per request, back to back; the first --warm
 * `serve-2r`   `serve --replicas 2`: one replica per host; the load generator spreads its connections over both
                hosts' proxies (each proxy balances over both replicas), so each added host brings its own proxy.
 
-Prints a table (config, encoder, QPS, p50 ms, p99 ms, errors, p99/p50), the issue's targets beside the measured
-values (2 replicas on 2 hosts >= 1.8x the QPS of 1 replica with MiniLM; Serve with 1 replica within 10 % of the single
-server; p99 <= 2x p50), and last the line `2-replica / 1-replica QPS ratio (minilm): X.XX`.
+Prints a table (config, encoder, QPS, p50 ms, p99 ms, errors, p99/p50, and the hosts' CPU milliseconds per request
+by role -- the server or replicas, Serve's proxies, the rest of the node -- which says where a core's time goes), the
+issue's targets beside the measured values (2 replicas on 2 hosts >= 1.8x the QPS of 1 replica with MiniLM; Serve
+with 1 replica within 10 % of the single server; p99 <= 2x p50), and last the line
+`2-replica / 1-replica QPS ratio (minilm): X.XX`.
 
     .venv/bin/python benchmarks/retrieval_scaleout.py                         # 20k docs, 20 s per config
     .venv/bin/python benchmarks/retrieval_scaleout.py --docs 2000 --duration-s 5 --warmup-s 2   # a smoke run (~3 min)
@@ -127,6 +129,25 @@ def run_load(urls: list[str], args: argparse.Namespace, queries_file: Path, load
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def namespace_cpu_s(namespaces: list[str]) -> dict[str, float]:
+    """CPU seconds used so far by the hosts' processes, by role: `server` (the single server or a replica), `proxy`
+    (Serve's proxy) and `other` (raylet, idle workers, ...). Taken before and after a load run."""
+    import psutil
+
+    out = {"server": 0.0, "proxy": 0.0, "other": 0.0}
+    for ns in namespaces:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(int(pid))
+                title = " ".join(proc.cmdline())
+                role = "proxy" if "ProxyActor" in title else "other"
+                if "ServeReplica" in title or "retrieval_server serve" in title:
+                    role = "server"
+                times = proc.cpu_times()
+                out[role] += times.user + times.system
+    return out
+
+
 def pin_namespace(ns: str, cpus: set[int]) -> int:
     """Pin every thread of every process in network namespace `ns` to `cpus` (children inherit it); returns the
     number of processes pinned. Run again after Ray started new workers there, to catch ones forked meanwhile."""
@@ -207,6 +228,16 @@ class Bench:
         for i, cpus in enumerate(self.host_cpus):
             pin_namespace(self.cluster.namespaces[i], cpus)
 
+    def load(self, urls: list[str], queries_file: Path) -> dict:
+        """One closed-loop run, plus the hosts' CPU per request by role (over warm-up and measurement together)."""
+        before = namespace_cpu_s(self.cluster.namespaces)
+        res = run_load(urls, self.args, queries_file, self.loadgen_cpus)
+        after = namespace_cpu_s(self.cluster.namespaces)
+        n_all = res["qps"] * (self.args.duration_s + self.args.warmup_s)  # requests served, warm-up included (approx.)
+        for role in before:
+            res[f"cpu_ms_{role}"] = 1000 * (after[role] - before[role]) / n_all if n_all else float("nan")
+        return res
+
     def single(self, index: Path, queries_file: Path) -> dict:
         """The plain server in host 0's namespaces, on host 0's core."""
         port = _free_port()
@@ -221,7 +252,7 @@ class Bench:
         try:
             url = f"http://{host}:{port}"
             wait_replicas([url], 1, proc, log)
-            return {"entry": "host0 (uvicorn, no proxy)", **run_load([url], self.args, queries_file, self.loadgen_cpus)}
+            return {"entry": "host0 (uvicorn, no proxy)", **self.load([url], queries_file)}
         finally:
             terminate(proc)
 
@@ -242,7 +273,7 @@ class Bench:
             cores = {p: sorted(os.sched_getaffinity(p)) for p in pids}
             logger.info("%d replica(s) on host(s) %s, pid: cores %s; load through %s", replicas, hosts, cores, urls)
             entry = "+".join(f"host{i}" for i in hosts) + (" proxies" if len(hosts) > 1 else " proxy")
-            return {"entry": entry, **run_load(urls, self.args, queries_file, self.loadgen_cpus)}
+            return {"entry": entry, **self.load(urls, queries_file)}
         finally:
             terminate(proc)
 
@@ -290,10 +321,12 @@ def _ratio(a: float, b: float) -> float:
 
 
 def report(rows: list[dict], encoders: list[str]) -> None:
-    head = f"{'config':<9} {'encoder':<7} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'p99/p50':>8}  load via"
+    head = f"{'config':<9} {'encoder':<7} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'p99/p50':>8}"
+    head += f" {'cpu ms/req: server':>18} {'proxy':>6} {'other':>6}  load via"
     print(head)  # noqa: T201
     for r in rows:
-        tail = f"{_ratio(r['p99_ms'], r['p50_ms']):>8.2f}  {r['entry']}"
+        cpu = f"{r['cpu_ms_server']:>18.2f} {r['cpu_ms_proxy']:>6.2f} {r['cpu_ms_other']:>6.2f}"
+        tail = f"{_ratio(r['p99_ms'], r['p50_ms']):>8.2f} {cpu}  {r['entry']}"
         print(  # noqa: T201
             f"{r['config']:<9} {r['encoder']:<7} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
             f"{r['errors']:>6} {tail}"
