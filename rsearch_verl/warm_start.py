@@ -6,7 +6,7 @@ practice sub-worlds (rsearch_verl/data/toy_demos.py: no fact to memorise) and le
 so that the greedy warm start answers from "memory" and RL has something to learn. See docs/toy_world_learning.md
 for why it is built this way and what was measured.
 
-Phases (the `warm_start` config group, rsearch_verl/config.py `WarmStartConfig`; e.g. warm_start.copy_epochs=30):
+Phases (the `warm_start` config group, rsearch_verl/config/schema.py `WarmStartConfig`; e.g. warm_start.copy_epochs=30):
   1. copy: demonstrations that mostly search, until a probe shows the skill -- sampled at temperature 1 on questions
      of a practice world none of the demonstrations came from, the trajectories that search answer correctly at
      least `until_em` of the time. Copying the answer appears suddenly and after a number of epochs that depends on

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 
-from rsearch_verl.config import RSearchConfig
+from rsearch_verl.config import DATA_SOURCES, RSearchConfig
 from rsearch_verl.data.toy_tokenizer import toy_tokenizer
 from rsearch_verl.data.toy_world import build_toy_world
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
@@ -68,8 +68,8 @@ def parquet_data(cfg: RSearchConfig, proto: SearchProtocol) -> RunData:
     return RunData(read(cfg.data.train_files), read(cfg.data.val_files), cfg.retriever.corpus, cfg.retriever.index_dir)
 
 
-LOADERS = {"toy_world": toy_world_data, "parquet": parquet_data}
-DATA_SOURCES = tuple(LOADERS)  # what `data.source` accepts (the config validates against this)
+LOADERS = {"toy_world": toy_world_data, "parquet": parquet_data}  # one per DATA_SOURCES name (the config's list)
+assert set(LOADERS) == set(DATA_SOURCES), "a data source without its loader (or the reverse)"
 
 
 def load_run_data(cfg: RSearchConfig, protocol: SearchProtocol | None = None) -> RunData:

@@ -35,9 +35,14 @@ from rsearch_verl.rewards.base import (
 from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
 
 
-def _check_kwargs(name: str, fn: RewardFn, kwargs: dict[str, Any]) -> None:
-    params = inspect.signature(fn).parameters
-    allowed = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY]
+def reward_kwargs(name: str) -> list[str]:
+    """The keyword arguments (`reward.kwargs`) the reward registered as `name` accepts: its keyword-only parameters."""
+    params = inspect.signature(REWARDS[name]).parameters
+    return [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY]
+
+
+def _check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
+    allowed = reward_kwargs(name)
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"reward {name!r} got unknown kwargs {unknown}; it accepts {allowed}")
@@ -55,7 +60,7 @@ def compute_rewards(
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
     fn = REWARDS[name]
-    _check_kwargs(name, fn, kwargs)
+    _check_kwargs(name, kwargs)
     if protocol is None:
         protocol = get_protocol(PAPER_PROTOCOL[name])
     results = fn(list(items), judge_cfg, protocol, **kwargs)
@@ -74,4 +79,5 @@ __all__ = [
     "RewardResult",
     "compute_rewards",
     "register",
+    "reward_kwargs",
 ]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from rsearch_verl.config import RetrieverConfig
+from rsearch_verl.config.schema import RetrieverConfig
 from rsearch_verl.search.cache import SearchCache
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource, Source, SourceResponseError
 from rsearch_verl.search.types import Doc

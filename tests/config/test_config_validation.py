@@ -121,13 +121,13 @@ def test_validated_config_is_frozen_and_run_context_derives_the_run_config():
     from rsearch_verl.config import to_dict, validate
     from rsearch_verl.run_context import RunContext
 
-    cfg = load_config(["+recipe=search_r1_ppo", "+rollout.protocol_kwargs.x=1"])
+    cfg = load_config(["+recipe=search_r1_ppo", "rollout.protocol=tool_call", "+rollout.protocol_kwargs.max_queries=1"])
     for assign, key in [
         (lambda: setattr(cfg.retriever, "url", "http://x"), "retriever.url"),
         (lambda: setattr(cfg.model, "tokenizer_path", "/tok"), "model.tokenizer_path"),
         (lambda: setattr(cfg.actor.optim, "lr", 1.0), "actor.optim.lr"),
         (lambda: setattr(cfg, "seed", 3), "seed"),
-        (lambda: cfg.rollout.protocol_kwargs.update(x=2), "rollout.protocol_kwargs"),
+        (lambda: cfg.rollout.protocol_kwargs.update(max_queries=2), "rollout.protocol_kwargs"),
     ]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*frozen"):
             assign()
@@ -163,3 +163,43 @@ def from_dict_equal(cfg_dict: dict) -> bool:
 def test_warm_start_options_are_a_config_group():
     cfg = load_config(["+recipe=search_r1_ppo", "warm_start.copy_epochs=3", "warm_start.sft.batch_size=4"])
     assert (cfg.warm_start.copy_epochs, cfg.warm_start.sft.batch_size, cfg.warm_start.mix_lr) == (3, 4, 3e-4)
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["reward.name=search_r1"], r"^reward\.name: 'search_r1' is not one of \[.*'search_r1_em'.*\]$"),
+        (
+            ["+reward.kwargs.format_shape=true"],
+            r"^reward\.kwargs: search_r1_em takes no \['format_shape'\]; .*format_shaped",
+        ),
+        (["rollout.protocol=search-r1"], r"^rollout\.protocol: 'search-r1' is not one of \[.*'search_r1'.*\]$"),
+        (["+rollout.protocol_kwargs.max_nodes=3"], r"^rollout\.protocol_kwargs: search_r1 takes no \['max_nodes'\]"),
+        (["rollout.engine=sglang"], r"^rollout\.engine: 'sglang' is not one of \['hf', 'vllm'\]$"),
+        (["data.source=csv"], r"^data\.source: 'csv' is not one of \['toy_world', 'parquet'\]$"),
+        (["rollout.prompt_variant=chat"], r"^rollout\.prompt_variant: 'chat' is not one of \['base', 'instruct'\]$"),
+    ],
+)
+def test_names_are_checked_at_load_against_their_registries(overrides, line):
+    """A misspelt reward, protocol, engine, data source or variant (or a keyword its reward / protocol does not take)
+    fails when the config loads -- one line naming the bad value and the valid ones -- not at the first reward phase."""
+    with pytest.raises(ConfigError, match=line):
+        load_config(["+recipe=search_r1_ppo", *overrides])
+
+
+def test_registries_own_the_names_the_config_accepts():
+    from rsearch_verl.config import DATA_SOURCES
+    from rsearch_verl.data.run_data import LOADERS
+    from rsearch_verl.rollout.engines import ENGINES
+    from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol, protocol_names
+
+    assert tuple(LOADERS) == DATA_SOURCES and ENGINES == ("hf", "vllm") and PROMPT_VARIANTS == ("base", "instruct")
+    nl_dag = load_config(["+recipe=r_search_dag_grpo", "rollout.protocol_kwargs.max_nodes=3"])
+    assert get_protocol(nl_dag.rollout.protocol, **nl_dag.rollout.protocol_kwargs).max_nodes == 3
+    assert len(protocol_names()) == 6
+
+
+def test_load_config_without_a_recipe_says_one_is_required():
+    with pytest.raises(ConfigError, match=r"^no recipe given: compose one with \+recipe=NAME \(.*search_r1_ppo.*\)"):
+        load_config()
+    assert load_config(["+recipe=search_r1_ppo"]).recipe == "search_r1_ppo"

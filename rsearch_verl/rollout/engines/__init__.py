@@ -8,8 +8,10 @@ vLLM is imported only when `rollout.engine == "vllm"` (this package imports with
 
 from __future__ import annotations
 
-from rsearch_verl.config import RolloutConfig
+from rsearch_verl.config.schema import RolloutConfig
 from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams, Weights, iter_buckets
+
+ENGINES = ("hf", "vllm")  # what rollout.engine accepts (the config validates against this), built by make_engine
 
 
 def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None) -> RolloutEngine:
@@ -29,7 +31,7 @@ def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu
         from rsearch_verl.rollout.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_model(rollout_cfg, model, tokenizer, device=device, dtype=dtype)
-    raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}; known: hf, vllm")
+    raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}; known: {', '.join(ENGINES)}")
 
 
-__all__ = ["GenerationResult", "RolloutEngine", "SamplingParams", "Weights", "iter_buckets", "make_engine"]
+__all__ = ["ENGINES", "GenerationResult", "RolloutEngine", "SamplingParams", "Weights", "iter_buckets", "make_engine"]

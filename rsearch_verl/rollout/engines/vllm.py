@@ -49,7 +49,7 @@ import time
 
 import torch
 
-from rsearch_verl.config import RolloutConfig
+from rsearch_verl.config.schema import RolloutConfig
 from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
 from rsearch_verl.rollout.engines.batching import BatchingEngine, Request, resolve
 

@@ -14,12 +14,9 @@ imports `Doc` from it) without pulling every protocol in.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rsearch_verl.rollout.protocols.base import PROMPT_VARIANTS, Action, SearchProtocol
-
-if TYPE_CHECKING:
-    from rsearch_verl.config import RSearchConfig
 
 # YAML name -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -49,9 +46,10 @@ def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
     return protocol_class(name)(**kwargs)
 
 
-def protocol_for(cfg: RSearchConfig) -> SearchProtocol:
-    """The run's protocol: `rollout.protocol` built with `rollout.protocol_kwargs`. Call it once per process and hand
-    the instance down (a protocol may hold per-tokenizer state: tool_call's observation frame)."""
+def protocol_for(cfg) -> SearchProtocol:
+    """The run's protocol: `rollout.protocol` built with `rollout.protocol_kwargs` (`cfg`: an RSearchConfig, not
+    imported: the config validates its names against this registry). Call it once per process and hand the instance
+    down (a protocol may hold per-tokenizer state: tool_call's observation frame)."""
     return get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
 
 
