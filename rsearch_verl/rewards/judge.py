@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import httpx
@@ -115,3 +115,22 @@ class JudgeClient:
 
     def chat_batch(self, batch: list[list[dict[str, str]]]) -> list[str | None]:
         return run_sync(self.achat_batch(batch))
+
+
+def judged_scores(
+    judge_cfg: Any,
+    todo: list[int],
+    prompt: Callable[[int], str],
+    score: Callable[[int, str], float | None],
+    out: list[tuple[float, float]],
+    **client_kwargs: Any,
+) -> list[tuple[float, float]]:
+    """Ask the judge about every index in `todo` (one user message each, `prompt(i)`) as one batch; set
+    `out[i] = (score(i, reply), 0.0)`, or `(0.0, 1.0)` -- a judge error -- when the reply is missing or `score` cannot
+    read it (None). Returns `out`."""
+    messages = [[{"role": "user", "content": prompt(i)}] for i in todo]
+    replies = JudgeClient(judge_cfg, **client_kwargs).chat_batch(messages) if messages else []
+    for i, reply in zip(todo, replies, strict=True):
+        value = None if reply is None else score(i, reply)
+        out[i] = (0.0, 1.0) if value is None else (value, 0.0)
+    return out

@@ -19,7 +19,7 @@ import re
 
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
 from rsearch_verl.rewards.formats import extract_tag
-from rsearch_verl.rewards.judge import JudgeClient
+from rsearch_verl.rewards.judge import judged_scores
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rewards.r_search import check_judge_mode
 from rsearch_verl.rollout.protocols import SearchProtocol
@@ -91,22 +91,11 @@ def _answer_scores(items, answers, judge: str, judge_cfg) -> list[tuple[float, f
             out[i] = (f1_score(answer, item.golds), 0.0)
         else:
             todo.append(i)
-    prompts = [
-        [
-            {
-                "role": "user",
-                "content": JUDGE_TEMPLATE.format(
-                    question=items[i].question, golds=" | ".join(items[i].golds), answer=answers[i]
-                ),
-            }
-        ]
-        for i in todo
-    ]
-    replies = JudgeClient(judge_cfg, max_tokens=8).chat_batch(prompts) if prompts else []
-    for i, reply in zip(todo, replies, strict=True):
-        score = parse_judge_score(reply)
-        out[i] = (0.0, 1.0) if score is None else (score, 0.0)
-    return out
+
+    def prompt(i: int) -> str:
+        return JUDGE_TEMPLATE.format(question=items[i].question, golds=" | ".join(items[i].golds), answer=answers[i])
+
+    return judged_scores(judge_cfg, todo, prompt, lambda i, reply: parse_judge_score(reply), out, max_tokens=8)
 
 
 @register("r_search_dag", protocol="nl_dag")

@@ -77,18 +77,23 @@ def _base_metrics(item: RewardInput, answer: str | None, fmt: bool) -> dict[str,
     }
 
 
-@register("r1_searcher_stage1", protocol="r1_searcher")
-def r1_searcher_stage1(
-    items: list[RewardInput], judge_cfg: object, protocol: SearchProtocol, *, max_answer_words: int = 20
-) -> list[RewardResult]:
+def _scored(items, protocol, max_answer_words: int, score) -> list[RewardResult]:
+    """Both stages read the answer and check the format the same way; `score(metrics, fmt)` is the stage's reward."""
     results = []
     for item in items:
         answer = item.answer(protocol)
         fmt, _ = format_check(item, answer, max_answer_words)
         metrics = _base_metrics(item, answer, fmt)
-        score = 0.5 * metrics["searched"] + 0.5 * float(fmt)
-        results.append(RewardResult(score=score, metrics=metrics, answer=answer))
+        results.append(RewardResult(score=score(metrics, fmt), metrics=metrics, answer=answer))
     return results
+
+
+@register("r1_searcher_stage1", protocol="r1_searcher")
+def r1_searcher_stage1(
+    items: list[RewardInput], judge_cfg: object, protocol: SearchProtocol, *, max_answer_words: int = 20
+) -> list[RewardResult]:
+    """Stage 1 rewards searching and the format: 0.5 * searched + 0.5 * format."""
+    return _scored(items, protocol, max_answer_words, lambda m, fmt: 0.5 * m["searched"] + 0.5 * float(fmt))
 
 
 @register("r1_searcher_stage2", protocol="r1_searcher")
@@ -100,11 +105,5 @@ def r1_searcher_stage2(
     max_answer_words: int = 20,
     format_penalty: float = -2.0,
 ) -> list[RewardResult]:
-    results = []
-    for item in items:
-        answer = item.answer(protocol)
-        fmt, _ = format_check(item, answer, max_answer_words)
-        metrics = _base_metrics(item, answer, fmt)
-        score = metrics["f1"] + (0.0 if fmt else format_penalty)
-        results.append(RewardResult(score=score, metrics=metrics, answer=answer))
-    return results
+    """Stage 2 rewards the answer: F1, plus `format_penalty` for a malformed response."""
+    return _scored(items, protocol, max_answer_words, lambda m, fmt: m["f1"] + (0.0 if fmt else format_penalty))

@@ -20,7 +20,7 @@ from collections import Counter
 
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
 from rsearch_verl.rewards.formats import extract_tag, tag_balance
-from rsearch_verl.rewards.judge import JudgeClient, require_judge_url
+from rsearch_verl.rewards.judge import judged_scores, require_judge_url
 from rsearch_verl.rewards.qa import exact_match, f1_score, normalize_answer
 from rsearch_verl.rollout.protocols import SearchProtocol
 
@@ -57,14 +57,13 @@ def _evidence_scores(items: list[RewardInput], evidences: list[str | None], judg
         for i in todo:
             out[i] = (evidence_recall(evidences[i], items[i].golds), 0.0)
         return out
-    prompts = [
-        [{"role": "user", "content": EVIDENCE_TEMPLATE.format(evidence=evidences[i], query=items[i].question)}]
-        for i in todo
-    ]
-    replies = JudgeClient(judge_cfg).chat_batch(prompts) if prompts else []
-    for i, reply in zip(todo, replies, strict=True):
-        out[i] = (0.0, 1.0) if reply is None else (f1_score(reply.strip(), items[i].golds), 0.0)
-    return out
+    return judged_scores(
+        judge_cfg,
+        todo,
+        lambda i: EVIDENCE_TEMPLATE.format(evidence=evidences[i], query=items[i].question),
+        lambda i, reply: f1_score(reply.strip(), items[i].golds),
+        out,
+    )
 
 
 @register("r_search_evidence", protocol="r_search")
