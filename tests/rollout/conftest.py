@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,6 +18,7 @@ import pytest
 
 from rsearch_verl.config import RolloutConfig, TinyModelConfig
 from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
+from rsearch_verl.search.service import wait_healthy
 
 CORPUS = [
     ("Hamlet", "Hamlet is a tragedy by William Shakespeare."),
@@ -35,18 +35,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"retrieval server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s} s")
+def scripted_with(scripted_engine, fn) -> Iterator:
+    """Body of a fixture: the session's scripted engine following `fn` for one test (reset after it)."""
+    eng, slot = scripted_engine
+    slot.fn = fn
+    yield eng
+    slot.fn = None
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +58,7 @@ def retrieval_url(tmp_path_factory) -> Iterator[str]:
     proc = subprocess.Popen([*serve, "--host", "127.0.0.1", "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, 120.0, proc)  # the product's own wait (rsearch_verl/search/service.py)
         # the first /retrieve pays the server's lazy start-up (seconds under load); the tests' 0.5 s timeouts are meant
         # for answering queries, not for that
         httpx.post(f"{url}/retrieve", json={"queries": ["warm up"], "topk": 1}, timeout=120.0).raise_for_status()

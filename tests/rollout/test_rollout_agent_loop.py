@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import uvicorn
-from conftest import free_port
+from conftest import free_port, scripted_with
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -105,10 +105,7 @@ class Recorder:
 @pytest.fixture
 def engine(scripted_engine):
     """The session's engine with `search_script` as its policy (reset after the test)."""
-    eng, slot = scripted_engine
-    slot.fn = search_script
-    yield eng
-    slot.fn = None
+    yield from scripted_with(scripted_engine, search_script)
 
 
 @pytest.fixture

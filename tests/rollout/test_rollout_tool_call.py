@@ -15,6 +15,7 @@ import os
 import random
 
 import pytest
+from conftest import scripted_with
 
 from rsearch_verl.config import RSearchConfig, TinyModelConfig
 from rsearch_verl.data.dataset import render_prompt
@@ -191,10 +192,7 @@ def tool_script(ctx: str) -> str:
 
 @pytest.fixture
 def tool_engine(scripted_engine):
-    eng, slot = scripted_engine
-    slot.fn = tool_script
-    yield eng
-    slot.fn = None
+    yield from scripted_with(scripted_engine, tool_script)
 
 
 def _runs(tok, traj, value: int) -> list[str]:
