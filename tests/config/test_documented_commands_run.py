@@ -21,9 +21,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-import httpx
 import pytest
 from doc_commands import ROOT, all_fenced_commands, fenced_commands  # tests/config/doc_commands.py
+
+from rsearch_verl.search.service import RetrieverError, wait_healthy
 
 
 @dataclass(frozen=True)
@@ -207,17 +208,11 @@ def _scratch(tmp_path) -> tuple[str, dict]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not healthy at {url} after {timeout_s:.0f} s:\n{_tail(log)}")
+    """The product's wait (rsearch_verl/search/service.py); a failure shows the server's log."""
+    try:
+        wait_healthy(url, timeout_s, proc)
+    except RetrieverError as exc:
+        pytest.fail(f"{exc}:\n{_tail(log)}")
 
 
 def _tail(path: str, n: int = 3000) -> str:
