@@ -28,6 +28,8 @@ import logging
 import os
 import random
 
+from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol
+
 logger = logging.getLogger(__name__)
 
 # dataset name -> (FlashRAG folder name, default number of hops)
@@ -41,7 +43,6 @@ DATASETS = {
     "bamboogle": ("bamboogle", 2),
 }
 ALIASES = {"2wikimultihopqa": "2wiki"}
-VARIANTS = ("base", "instruct")
 
 
 def canonical_dataset(name: str) -> str:
@@ -144,11 +145,9 @@ def prepare(
 ) -> dict[str, str]:
     """Convert and write; returns {name: parquet path} ("all" = `<out>/<split>.parquet`, plus each dataset's
     `<out>/<dataset>_<split>.parquet` with `per_dataset`). `max_per_dataset` keeps a seeded random subset."""
-    from rsearch_verl.rollout.protocols import get_protocol
-
-    if variant not in VARIANTS:
-        raise ValueError(f"--variant: {variant!r} is not one of {list(VARIANTS)}")
-    protocol = get_protocol(protocol_name)
+    if variant not in PROMPT_VARIANTS:
+        raise ValueError(f"--variant: {variant!r} is not one of {list(PROMPT_VARIANTS)}")
+    protocol = get_protocol(protocol_name)  # the --protocol named, not a run's: prompts are rendered here, once
     sources = _resolve_inputs(inputs, datasets, split)
     written, everything = {}, []
     for dataset, path in sources:
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--datasets", default="", help="comma-separated, e.g. nq,hotpotqa")
     parser.add_argument("--split", default="train", help="train | dev | test")
     parser.add_argument("--protocol", default="search_r1")
-    parser.add_argument("--variant", default="base", choices=VARIANTS)
+    parser.add_argument("--variant", default="base", choices=PROMPT_VARIANTS)
     parser.add_argument("--out", required=True)
     parser.add_argument("--per-dataset", action="store_true", help="also write <dataset>_<split>.parquet")
     parser.add_argument("--max-per-dataset", type=int, default=None)

@@ -21,7 +21,7 @@ import tempfile
 from rsearch_verl.data.toy_demos import demonstrations
 from rsearch_verl.data.toy_world import GENERATOR_VERSION, World, build_toy_world, publish_dir
 from rsearch_verl.models import train_bpe_tokenizer
-from rsearch_verl.rollout.protocols import get_protocol
+from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol
 from rsearch_verl.search.types import Doc
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
         proto = get_protocol(name)
         specials += [t for t in proto.special_tokens if t not in specials]
         for q in questions[:16]:
-            for variant in ("base", "instruct"):
+            for variant in PROMPT_VARIANTS:
                 prompt = proto.build_prompt(q["question"], variant)
                 texts.append(prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt))
         try:
