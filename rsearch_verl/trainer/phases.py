@@ -19,6 +19,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
+from rsearch_verl.trainer.health import signals as sig
 
 
 def reward_inputs(batch: DataProto) -> list[RewardInput]:
@@ -117,7 +118,7 @@ def rollout_metrics(batch: DataProto) -> dict[str, float]:
         "rollout/searches_mean": float(np.mean(searches)),
         "rollout/searches_max": float(np.max(searches)),
         "rollout/turns_mean": float(np.mean(nt["n_turns"].astype(float))),
-        "rollout/response_len_mean": float(lengths.mean()),
+        sig.RESPONSE_LEN: float(lengths.mean()),
         "rollout/policy_tokens_mean": float(mask.sum(-1).float().mean()),
     }
     for reason in FINISH_REASONS:
@@ -153,7 +154,7 @@ def rollout_logprob_gap(batch: DataProto, version: int) -> dict[str, float]:
     if not mask.any():
         return {}
     gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[mask]
-    return {"rollout/logprob_abs_diff_mean": float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}
+    return {sig.LOGPROB_GAP: float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}
 
 
 def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> dict[str, float]:
@@ -181,7 +182,7 @@ def sampled_entropy(batch: DataProto, version: int) -> dict[str, float]:
     if not mask.any():
         return {}
     logp = torch.where(t["rollout_versions"] < version, t["rollout_log_probs"], t["old_log_probs"])
-    return {"rollout/entropy_mc": float(-logp[mask].mean())}
+    return {sig.ENTROPY_MC: float(-logp[mask].mean())}
 
 
 def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:
@@ -192,7 +193,7 @@ def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, 
         return None
     failed = torch.tensor([bool(x) for x in nt["search_failed"]], dtype=torch.bool)
     drop = failed if cfg.retriever.breaker.drop_failed else torch.zeros_like(failed)
-    metrics.update({"rollout/search_failed": float(failed.sum()), "rollout/dropped_trajectories": float(drop.sum())})
+    metrics.update({"rollout/search_failed": float(failed.sum()), sig.DROPPED: float(drop.sum())})
     return drop
 
 

@@ -37,6 +37,7 @@ from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
 from rsearch_verl.config import from_omegaconf
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import load_model, policy_tokenizer
+from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -123,20 +124,19 @@ class ActorWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         cfg = self.cfg.actor
         kl_coef = float(data.meta_info.get("kl_coef", 0.0))
-        nan_fault = bool(data.meta_info.get("fault_nan_loss", False))  # test-only (rsearch_verl/trainer/health)
         mini = cfg.ppo_mini_batch_size // world_size()
         self.model.train()
         rows = []
         for _ in range(cfg.ppo_epochs):
             for start in range(0, len(data), mini):
-                rows.append(self._optimizer_step(data[start : start + mini], kl_coef, nan_fault))
+                rows.append(self._optimizer_step(data[start : start + mini], kl_coef))
         self.sched.step()
         metrics = fsdp.all_reduce_mean(mean_metrics(rows), self.device)
         metrics["actor/lr"] = self.sched.get_last_lr()[0]
         metrics.update(fsdp.param_metrics(self.model, self.optim, self.device, "actor"))
         return DataProto(meta_info={"metrics": metrics})
 
-    def _optimizer_step(self, minibatch: DataProto, kl_coef: float, nan_fault: bool = False) -> dict[str, float]:
+    def _optimizer_step(self, minibatch: DataProto, kl_coef: float) -> dict[str, float]:
         """One optimizer step over a mini-batch, micro-batch by micro-batch; returns the step's metrics."""
         cfg = self.cfg.actor
         mode, scale = cfg.loss_agg_mode, self.cfg.loss_scale_factor
@@ -171,7 +171,7 @@ class ActorWorker(Worker):
             if entropy is not None:
                 ent = agg_loss(entropy, mask, mode, denominator=denom, loss_scale_factor=scale)
                 loss = loss - cfg.entropy_coeff * ent
-                m["actor/entropy"] = float(ent.detach())
+                m[sig.ACTOR_ENTROPY] = float(ent.detach())
             if cfg.use_kl_loss:
                 kl, kl_m = kl_loss(
                     log_prob,
@@ -184,18 +184,15 @@ class ActorWorker(Worker):
                 )
                 loss = loss + kl_coef * kl
                 m.update(kl_m)
-            if nan_fault:
-                loss = loss * float("nan")
-                m["actor/pg_loss"] = float("nan")
             # FSDP averages gradients over ranks; the global denominator already did, so undo the average
             (loss * world_size()).backward()
             parts.append(m)
         grad_norm = fsdp.clip_grad(self.model, cfg.optim.grad_clip)
         self.optim.step()
         # losses are partial sums of the mini-batch loss: scaled so that the mean over ranks is their total
-        keys = [k for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy") if k in parts[0]]
+        keys = [k for k in (sig.PG_LOSS, sig.KL_LOSS, sig.ACTOR_ENTROPY) if k in parts[0]]
         summed = {k: sum(p[k] for p in parts) * world_size() for k in keys}
-        return {**mean_metrics(parts), **summed, "actor/grad_norm": grad_norm}
+        return {**mean_metrics(parts), **summed, sig.ACTOR_GRAD_NORM: grad_norm}
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -24,6 +24,7 @@ from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import load_model, policy_tokenizer
+from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,
@@ -135,8 +136,8 @@ class CriticWorker(Worker):
             parts.append(m)
         grad_norm = fsdp.clip_grad(self.model, cfg.optim.grad_clip)
         self.optim.step()
-        vf_loss = sum(p["critic/vf_loss"] for p in parts) * world_size()  # the mean over ranks is the total
-        return {**mean_metrics(parts), "critic/vf_loss": vf_loss, "critic/grad_norm": grad_norm}
+        vf_loss = sum(p[sig.VF_LOSS] for p in parts) * world_size()  # the mean over ranks is the total
+        return {**mean_metrics(parts), sig.VF_LOSS: vf_loss, sig.CRITIC_GRAD_NORM: grad_norm}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, ckpt_dir: str):

@@ -14,7 +14,7 @@ import os
 import pytest
 from e2e_helpers import hf_weights, read_metrics, run_main
 
-from rsearch_verl.trainer.health import FAULT_NAN_ENV
+from rsearch_verl.testing.faults import nan_loss_env
 
 ASYNC = ["trainer.placement=split", "trainer.ray_num_cpus=2", "rollout.n=2", "actor.ppo_mini_batch_size=4"]
 # values that measure time or this machine, not the run's maths
@@ -87,7 +87,7 @@ def test_staleness_one_stays_in_bound_and_resume_or_rollback_loses_no_prompt(tmp
     # forgotten and generated again from the restored weights
     rolled = tmp_path / "rolled"
     async1 = [*ASYNC, *steps, "trainer.max_staleness=1"]
-    run_main("search_r1_grpo", rolled, toy_cache, *async1, env={FAULT_NAN_ENV: "3"})
+    run_main("search_r1_grpo", rolled, toy_cache, *async1, env=nan_loss_env(3))
     health = json.loads((rolled / "summary.json").read_text())["health"]
     assert [(r["step"], r["restored_step"]) for r in health["rollbacks"]] == [(3, 2)]
     assert _prompts_per_step(rolled) == prompts

@@ -7,7 +7,7 @@ directory, three processes:
 2. The server is back; `trainer.resume=auto` continues from that checkpoint, until a Ray worker is SIGKILLed mid-step:
    exit 3 with a clear error.
 3. `trainer.resume=auto` again, now with the recipe's own retrieval server, which is SIGKILLed mid-run, and a NaN
-   injected into the loss at the last step (`RSEARCH_FAULT_NAN_LOSS_STEP`): the server is restarted and searches
+   injected into the loss at the last step (rsearch_verl/testing/faults.py): the server is restarted and searches
    succeed again, every trajectory that saw a failed search is marked and dropped from the update, the watchdog rolls
    back to the previous checkpoint at half the lr, the run finishes with exit 0, and summary.json records it all.
 
@@ -34,7 +34,8 @@ import psutil
 import pytest
 from e2e_helpers import FAST, ROOT, TINY, child_env, hf_weights, main_cmd, read_metrics
 
-from rsearch_verl.trainer.health import FAULT_NAN_ENV
+from rsearch_verl.testing.faults import nan_loss_env
+from rsearch_verl.testing.processes import descendants
 
 logger = logging.getLogger(__name__)
 RECIPE = "search_r1_grpo"
@@ -87,13 +88,7 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 900) -> float:
 
 def _descendant(proc: subprocess.Popen, marker: str) -> psutil.Process:
     """The one process under the driver whose command line contains `marker` (never someone else's)."""
-    found = []
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            if marker in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
+    found = descendants(proc.pid, marker)
     assert len(found) == 1, f"{len(found)} processes match {marker!r}"
     return found[0]
 
@@ -164,7 +159,7 @@ def test_a_run_survives_outages_a_dead_worker_and_a_nan(tmp_path, toy_cache, sea
     resumed = done[-1] + 1  # the newest complete checkpoint
 
     # 3. resume=auto with the recipe's own server: it is SIGKILLed mid-run; the loss is NaN at step 7
-    proc = _start(run_dir, toy_cache, searching_policy, "trainer.total_steps=7", env={FAULT_NAN_ENV: "7"})
+    proc = _start(run_dir, toy_cache, searching_policy, "trainer.total_steps=7", env=nan_loss_env(7))
     _wait_for(os.path.join(_ckpt(run_dir, resumed + 1), "COMPLETE"), proc)
     _descendant(proc, "retrieval_server serve").kill()  # during the next step (its check or its rollout)
     killed = time.monotonic()

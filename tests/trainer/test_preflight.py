@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rsearch_verl.config import load_config
+from rsearch_verl.config import WatchdogConfig, load_config
 from rsearch_verl.trainer import session
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.preflight import PreflightError, check_run_dir, preflight, wait_for_retriever
@@ -99,13 +99,15 @@ def test_an_auth_error_from_a_rollout_worker_stops_the_run():
     import ray
 
     from rsearch_verl.search import SearchAuthError
-    from rsearch_verl.trainer.loop import Trainer
+    from rsearch_verl.trainer.run_control import RunControl
 
     stops = []
-    fake = SimpleNamespace(done_step=4, health=SimpleNamespace(stop=None, record_stop=lambda *a: stops.append(a)))
+    health = SimpleNamespace(stop=None, record_stop=lambda *a: stops.append(a))
+    control = RunControl(run=None, ckpts=None, health=health, watchdog=WatchdogConfig())
+    control.done_step = 4
     cause = SearchAuthError("RETRIEVER_TOKEN", "retriever.url=http://x answered HTTP 401 (...): RETRIEVER_TOKEN ...")
     wrapped = ray.exceptions.RayTaskError("generate_sequences", "Traceback ...", cause)
-    stopped = Trainer._stopped(fake, wrapped)
+    stopped = control.stopped(wrapped)
     assert isinstance(stopped, RunStopped) and "during step 5" in str(stopped) and "RETRIEVER_TOKEN" in str(stopped)
     assert stops == [(5, str(cause))]
 
@@ -119,7 +121,7 @@ def test_missing_web_key_is_a_warning(caplog, monkeypatch, tmp_path):
 
 
 def test_waiting_for_the_retrieval_server_names_the_key(monkeypatch, caplog):
-    from rsearch_verl.trainer import retriever_service
+    from rsearch_verl.search import service as retriever_service
 
     monkeypatch.setattr(retriever_service, "PROGRESS_EVERY_S", 0.2)
     with caplog.at_level(logging.INFO), pytest.raises(retriever_service.RetrieverError, match="not healthy after"):

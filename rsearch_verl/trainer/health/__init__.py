@@ -4,6 +4,8 @@
     watchdog.py    after every step: NaN / inf, log-prob gap, answer-rate collapse, entropy collapse or explosion,
                    response-length blow-up; a trip rolls back to the last complete checkpoint at a lower lr
     report.py      what happened, for summary.json (status ok | degraded | stopped, with reasons)
+    signals.py     the metric names these read, shared with the code that writes them
+The run control that acts on them between steps (rollback, stop) is rsearch_verl/trainer/run_control.py.
 The circuit breaker that pauses searches while the retriever is down runs in the rollout processes:
 rsearch_verl/search/breaker.py.
 
@@ -13,22 +15,8 @@ exit code 3 with its message (which says what to do, usually: fix the cause, rer
 
 from __future__ import annotations
 
-import os
-
 STOP_EXIT_CODE = 3
-FAULT_NAN_ENV = "RSEARCH_FAULT_NAN_LOSS_STEP"
 
 
 class RunStopped(RuntimeError):
     """The run stopped early for a reason the message names (exit code 3)."""
-
-
-def fault_nan_step() -> int | None:
-    """Test-only fault injection: `RSEARCH_FAULT_NAN_LOSS_STEP=k` makes the actor's loss NaN in the first attempt at
-    step k (the watchdog must catch it and roll back). Unset in every real run."""
-    value = os.environ.get(FAULT_NAN_ENV)
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{FAULT_NAN_ENV}={value!r}: expected a step number >= 1")
-    return int(value)

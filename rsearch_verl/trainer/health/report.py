@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import math
 
+from rsearch_verl.trainer.health import signals as sig
+
 # step metric -> counter in the record
 COUNTED = {
-    "search/breaker_trips": "breaker_trips",
-    "search/breaker_wait_s": "breaker_wait_s",
-    "search/errors": "search_errors",
-    "rollout/dropped_trajectories": "dropped_trajectories",
-    "health/update_skipped": "skipped_updates",
+    sig.BREAKER_TRIPS: "breaker_trips",
+    sig.BREAKER_WAIT_S: "breaker_wait_s",
+    sig.SEARCH_ERRORS: "search_errors",
+    sig.DROPPED: "dropped_trajectories",
+    sig.UPDATE_SKIPPED: "skipped_updates",
 }
 
 

@@ -27,26 +27,19 @@ import math
 import statistics
 
 from rsearch_verl.config import WatchdogConfig
+from rsearch_verl.trainer.health import signals as sig
 
 SIGNALS = ("nonfinite", "logprob_gap", "answer_collapse", "entropy_collapse", "entropy_explode", "length_blowup")
-FINITE_KEYS = (
-    "actor/pg_loss",
-    "actor/kl_loss",
-    "actor/grad_norm",
-    "actor/entropy",
-    "critic/vf_loss",
-    "critic/grad_norm",
-)
 MIN_ANSWER_BASELINE = 0.2  # below this share there is no format-valid rate to collapse from
 
 
 def tracked_values(metrics: dict[str, float]) -> dict[str, float]:
     """The values the relative signals watch, from one step's metrics (missing ones are left out)."""
-    entropy = metrics.get("actor/entropy", metrics.get("rollout/entropy_mc"))
+    entropy = metrics.get(sig.ACTOR_ENTROPY, metrics.get(sig.ENTROPY_MC))
     values = {
-        "answer": metrics.get("rollout/finish_answer"),
+        "answer": metrics.get(sig.FINISH_ANSWER),
         "entropy": entropy,
-        "length": metrics.get("rollout/response_len_mean"),
+        "length": metrics.get(sig.RESPONSE_LEN),
     }
     return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -73,10 +66,10 @@ class Watchdog:
 
     def _absolute(self, metrics: dict[str, float]) -> dict[str, float]:
         trips = {}
-        bad = [float(metrics[k]) for k in FINITE_KEYS if k in metrics and not math.isfinite(float(metrics[k]))]
+        bad = [float(metrics[k]) for k in sig.FINITE if k in metrics and not math.isfinite(float(metrics[k]))]
         if bad:
             trips["nonfinite"] = bad[0]
-        gap = metrics.get("rollout/logprob_abs_diff_mean")
+        gap = metrics.get(sig.LOGPROB_GAP)
         if gap is not None and not float(gap) <= self.cfg.max_logprob_gap:  # NaN trips too
             trips["logprob_gap"] = float(gap)
         return trips

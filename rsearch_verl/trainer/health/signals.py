@@ -1,0 +1,44 @@
+"""The metric names run health reads: the watchdog's signals and the health record's counters, shared with the code
+that writes them. A name read here and written nowhere would silently switch a safety signal off (`.get` returns
+None), so tests run the writers and check that every name read here comes out (tests/trainer/test_health_signals.py:
+the driver's and the rollout's; tests/workers/test_workers_fsdp.py: the workers' updates).
+
+The trainer and the workers write these constants; search/ (which imports nothing from trainer/), the agent loop and the
+pure losses of rsearch_verl/algos spell their names themselves, and the test is what keeps them in step.
+"""
+
+from __future__ import annotations
+
+# ---- the actor's and critic's update metrics (workers/actor.py, workers/critic.py); the watchdog's `nonfinite`
+PG_LOSS = "actor/pg_loss"
+KL_LOSS = "actor/kl_loss"  # actor.use_kl_loss only
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_ENTROPY = "actor/entropy"  # actor.entropy_coeff != 0 only
+VF_LOSS = "critic/vf_loss"  # critic only (PPO)
+CRITIC_GRAD_NORM = "critic/grad_norm"
+FINITE = (PG_LOSS, KL_LOSS, ACTOR_GRAD_NORM, ACTOR_ENTROPY, VF_LOSS, CRITIC_GRAD_NORM)
+
+# ---- the driver's per-step rollout statistics (trainer/phases.py)
+LOGPROB_GAP = "rollout/logprob_abs_diff_mean"  # rollout engine vs actor on the tokens just sampled
+FINISH_ANSWER = "rollout/finish_answer"  # the share of trajectories that end in a well-formed answer
+ENTROPY_MC = "rollout/entropy_mc"  # -log p of the sampled tokens under the policy that sampled them
+RESPONSE_LEN = "rollout/response_len_mean"
+DROPPED = "rollout/dropped_trajectories"  # failed searches dropped from the update
+
+# ---- the rollout's search counters (search/breaker.py, rollout/agent_loop.py)
+BREAKER_TRIPS = "search/breaker_trips"
+BREAKER_WAIT_S = "search/breaker_wait_s"
+SEARCH_ERRORS = "search/errors"
+
+# ---- the driver's own (trainer/loop.py, trainer/run_control.py; retriever/* from search/supervisor.py)
+UPDATE_SKIPPED = "health/update_skipped"  # every trajectory was dropped: no update
+ROLLBACKS = "health/rollbacks"
+ROLLED_BACK_FROM = "health/rolled_back_from"
+RETRIEVER_RESTARTS = "retriever/restarts"
+RETRIEVER_DOWN_S = "retriever/down_s"
+CARRIED_OVER_ROLLBACK = (RETRIEVER_RESTARTS, RETRIEVER_DOWN_S)  # a rolled-back step's counts, added to the next row
+
+
+def trip(signal: str) -> str:
+    """The metric that marks a watchdog trip of `signal` in the row after a rollback."""
+    return f"health/trip_{signal}"
