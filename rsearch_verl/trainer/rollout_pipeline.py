@@ -72,9 +72,6 @@ class RolloutPipeline:
         self._current = None
         self.loader.load_state_dict(state)
 
-    def in_flight(self) -> int:
-        return len(self._ahead)
-
     def _submit_until(self, last: int, first: int) -> None:
         nxt = self._ahead[-1].step + 1 if self._ahead else first
         for step in range(nxt, last + 1):

@@ -241,10 +241,3 @@ def all_reduce_sum(value: float, device: torch.device) -> float:
     if dist.is_initialized():
         dist.all_reduce(t)
     return float(t.item())
-
-
-def split_minibatches(n: int, mini: int, micro: int) -> list[list[range]]:
-    """Row ranges: a list of mini-batches (one optimizer step each), each a list of micro-batches."""
-    if mini <= 0 or micro <= 0 or n % mini or mini % micro:
-        raise ValueError(f"{n} local rows cannot be split into mini-batches of {mini} and micro-batches of {micro}")
-    return [[range(s, s + micro) for s in range(m, m + mini, micro)] for m in range(0, n, mini)]
