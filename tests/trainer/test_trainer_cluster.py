@@ -11,8 +11,9 @@ import sys
 import tempfile
 import time
 
-import httpx
 import pytest
+
+from rsearch_verl.testing.processes import wait_http_ok
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -42,15 +43,7 @@ def ray_head(tmp_path):
     cmd += [f"--temp-dir={temp_dir}", "--object-store-memory=536870912"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"http://127.0.0.1:{dash}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{address}/api/version", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
+    if not wait_http_ok(f"{address}/api/version", timeout_s=90, interval_s=1):
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("ray head did not start")
     yield address, env

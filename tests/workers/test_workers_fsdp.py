@@ -16,6 +16,8 @@ import torch
 from verl import DataProto
 
 from rsearch_verl.config import load_config
+from rsearch_verl.testing.batches import sequence_tensors
+from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
 
 ray = pytest.importorskip("ray")
@@ -61,13 +63,7 @@ def make_batch(vocab: int, seed: int = 0) -> DataProto:
     attention[2, -2:] = 0  # right padding
     response_mask = response_mask * attention[:, P:]
     tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": response_mask,
-        "loss_mask": response_mask.clone(),  # the driver's choice (rsearch_verl/batch.py): observations masked
+        **sequence_tensors(prompts, responses, attention, response_mask),  # loss_mask: observations masked
         "advantages": torch.randn(B, R, generator=g),
         "old_log_probs": -torch.rand(B, R, generator=g) * 5,
         "ref_log_prob": -torch.rand(B, R, generator=g) * 5,
@@ -105,6 +101,7 @@ def test_two_ranks_equal_one_rank(ray_cluster):
     batch = make_batch(vocab_size(cfg1))
     m1, s1 = run_update(cfg1, batch)
     m2, s2 = run_update(cfg2, batch)
+    assert {sig.PG_LOSS, sig.KL_LOSS, sig.ACTOR_GRAD_NORM} <= m1.keys()  # what the health watchdog reads
     assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert m1["actor/kl_loss"] == pytest.approx(m2["actor/kl_loss"], rel=1e-4, abs=1e-6)
     init = _initial_state(cfg1)
@@ -188,13 +185,14 @@ def test_no_mask_ablation_reaches_critic_values_and_advantages(ray_cluster):
         try:
             batch = batch.union(group.compute_values(batch))  # the zero-initialised head: all 0
             batch.batch["returns"] = torch.ones(B, R)
-            group.update_critic(batch)  # one step towards 1 on the loss mask
+            written = reduce_metrics(group.update_critic(batch).meta_info)  # one step towards 1 on the loss mask
             batch.batch["values"] = group.compute_values(batch).batch["values"]
         finally:
             for w in group.workers:
                 ray.kill(w)
             for pg in group.resource_pool.pgs or []:
                 ray.util.remove_placement_group(pg)
+        assert {sig.VF_LOSS, sig.CRITIC_GRAD_NORM} <= written.keys()  # what the health watchdog reads
         t = batch.batch
         assert t["values"][policy].abs().min() > 0, "the critic update did not move the values"
         t["token_level_scores"] = torch.zeros(B, R)

@@ -23,6 +23,7 @@ import torch
 from verl import DataProto
 
 from rsearch_verl.config import load_config
+from rsearch_verl.testing.batches import sequence_tensors
 from rsearch_verl.workers.forward import response_log_probs
 from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
 from rsearch_verl.workers.rollout import build_policy
@@ -64,16 +65,7 @@ def make_batch(vocab: int, seed: int = 0) -> DataProto:
     attention[1, :2] = 0
     attention[2, -3:] = 0
     mask = attention[:, P:].clone()
-    tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": mask,
-        "loss_mask": mask.clone(),
-        "advantages": torch.randn(B, R, generator=g),
-    }
+    tensors = {**sequence_tensors(prompts, responses, attention, mask), "advantages": torch.randn(B, R, generator=g)}
     return DataProto.from_dict(tensors=tensors, meta_info={"kl_coef": 0.1})
 
 
