@@ -91,7 +91,7 @@ class Trainer:
             with timed(timing, "gen"):
                 batch = self.rollouts.take(step)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
-            self._set_loss_mask(batch, step, metrics)  # the one decision which response tokens any loss sees
+            self._set_loss_mask(batch, step, metrics)  # the one place that decides which tokens any loss sees
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):
