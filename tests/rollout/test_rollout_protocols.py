@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from rsearch_verl.rollout.protocols import get_protocol, protocol_names
+from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol, protocol_names
 from rsearch_verl.rollout.protocols.nl_dag import parse_dag
+from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search import SearchError
 from rsearch_verl.search.types import Doc
 
@@ -51,6 +52,44 @@ def test_registry_names_and_unknown():
         assert get_protocol(name).name == name
     with pytest.raises(ValueError, match="search_r1"):
         get_protocol("search-r2")
+
+
+# sha256 (16 hex) of every protocol's base and instruct prompts for three questions: the prompts the policies were
+# trained on, pinned. A template change is deliberate: update the hash with it (and expect new warm starts).
+PROMPT_HASHES = {
+    "nl_dag": "c57c5e45168a3f96",
+    "r1_searcher": "80c647472b4291ae",
+    "r_search": "cfbd9d6b775a8251",
+    "research": "2b56181c16931da0",
+    "search_r1": "dcc5263b37f7e784",
+    "tool_call": "95e46852a6f245cb",
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_prompts_are_pinned(name):
+    import hashlib
+    import json
+
+    proto = get_protocol(name)
+    questions = ["  Who wrote Hamlet?  ", "What is the capital of France.", "Q?"]
+    prompts = [proto.build_prompt(q, v) for q in questions for v in PROMPT_VARIANTS]
+    assert hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16] == PROMPT_HASHES[name]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_protocol_is_one_module_with_its_demo_format(name):
+    """Everything a protocol is lives in its class: tags, prompts, parser, observations and the demonstration format
+    (rsearch_verl/data/toy_demos.py reads `demo_format`); `protocol_for` builds the run's from its config."""
+    from rsearch_verl.config import load_config
+    from rsearch_verl.rollout.protocols import protocol_class, protocol_for
+
+    cls = protocol_class(name)
+    assert cls.__module__ == f"rsearch_verl.rollout.protocols.{name}" and issubclass(cls, TagSearchProtocol)
+    think, call, answer = cls.demo_format
+    assert "{t}" in think and "{q}" in call and "{a}" in answer
+    cfg = load_config(["+recipe=search_r1_ppo", f"rollout.protocol={name}"])
+    assert type(protocol_for(cfg)) is cls
 
 
 @pytest.mark.parametrize("name", ALL)
