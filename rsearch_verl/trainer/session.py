@@ -112,13 +112,11 @@ class TrainingSession:
             ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer, self.protocol))
             self.warm_start_report = read_report(ctx.sft_checkpoint)
         tokenizer = policy_tokenizer(with_tokenizer)
-        limit = recipe.data.max_prompt_length
-        train = PromptDataset(data.train_rows, tokenizer, limit, name="train", protocol=self.protocol)
-        val = (
-            PromptDataset(data.val_rows, tokenizer, limit, name="val", protocol=self.protocol)
-            if data.val_rows
-            else None
-        )
+
+        def prompts(rows: list[dict], name: str) -> PromptDataset:
+            return PromptDataset(rows, tokenizer, recipe.data.max_prompt_length, name=name, protocol=self.protocol)
+
+        train, val = prompts(data.train_rows, "train"), (prompts(data.val_rows, "val") if data.val_rows else None)
         self.retriever = RetrieverService(
             recipe.retriever, data.corpus, data.index_dir, log_path=os.path.join(self.run_dir, "retriever.log")
         )
