@@ -1,4 +1,4 @@
-"""Immutability for the validated config tree (rsearch_verl/config.py): `freeze` makes a dataclass tree read-only in
+"""Immutability for the validated config tree (rsearch_verl/config/): `freeze` makes a dataclass tree read-only in
 place -- every node refuses assignments with a `ConfigError` naming the key, lists become tuples, mappings
 `FrozenDict`s. `config.validate` calls it last. It imports nothing from the package.
 

@@ -1,6 +1,6 @@
 """What a run resolves while it starts, kept apart from the validated (frozen) recipe config.
 
-A recipe's config is validated once and then frozen (rsearch_verl/config.py). Some values only exist once the run
+A recipe's config is validated once and then frozen (rsearch_verl/config/). Some values only exist once the run
 is starting: the toy world's tokenizer (trained for the tiny policy), the warm start (`model.sft_checkpoint=auto`,
 trained or found in the cache), the URL of the retrieval server the run started, and for eval the checkpoint under
 evaluation. They live in a `RunContext`; `RunContext.apply` derives the run's config from the recipe's config and
@@ -15,7 +15,7 @@ inside the run directory and renamed into place, so a worker never sees half a c
 
 Usage:
     ctx = RunContext(tokenizer_path=data.tokenizer_path)
-    ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(cfg)))
+    ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(cfg), protocol))
     run_cfg = dataclasses.replace(ctx, retriever_url=url).published(run_dir).apply(cfg)
 """
 

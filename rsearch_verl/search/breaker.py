@@ -55,10 +55,6 @@ class CircuitBreaker:
         self._probe_at, self._probe_ok = float("-inf"), False  # the last probe: when, and whether it answered
         self._counts = {"trips": 0, "wait_s": 0.0}
 
-    @property
-    def is_open(self) -> bool:
-        return self.opened_at is not None
-
     async def __call__(self, queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
         while True:
             if self.opened_at is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK = 1024  # as actor.logprob_chunk_size (rsearch_verl/config.py)
+DEFAULT_CHUNK = 1024  # as actor.logprob_chunk_size (rsearch_verl/config/schema.py)
 
 
 def chunked_log_probs(

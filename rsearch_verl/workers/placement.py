@@ -185,7 +185,7 @@ def pool_specs(cfg: RSearchConfig) -> dict[str, PoolSpec]:
     tr = cfg.trainer
     split = tr.placement == "split"
     if tr.device != "cuda":  # CPU workers ask for no CPU of their own: the critic fits in the actor's bundles
-        # n_workers / nnodes bundles on each of nnodes nodes (config.py checks that it divides)
+        # n_workers / nnodes bundles on each of nnodes nodes (config/validation.py checks that it divides)
         workers = f"trainer.n_workers={tr.n_workers} over trainer.nnodes={tr.nnodes}"
         per_node = (tr.n_workers // tr.nnodes,) * tr.nnodes
         specs = {"actor": PoolSpec("actor", per_node, False, 1, workers)}

@@ -16,18 +16,13 @@ import psutil
 import pytest
 from e2e_helpers import FAST, ROOT, child_env, main_cmd, read_metrics
 
+from rsearch_verl.testing.processes import descendants
+
 REPLICA = "ServeReplica:retriever:RetrieverReplica"
 
 
 def replicas_of(proc: subprocess.Popen) -> list[psutil.Process]:
-    found = []
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            if REPLICA in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
+    return descendants(proc.pid, REPLICA)
 
 
 def wait_until(cond, proc: subprocess.Popen, timeout: float, what: str) -> float:

@@ -74,7 +74,7 @@ def test_breaker_and_protocol_pass_it_through(token_server):
         await breaker.search.aclose()
 
     asyncio.run(run())
-    assert not breaker.is_open and len(breaker._outcomes) == 0
+    assert breaker.opened_at is None and len(breaker._outcomes) == 0
     assert breaker.metrics()["search/breaker_trips"] == 0
 
 
