@@ -46,6 +46,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from retrieval_scaleout import shielded  # noqa: E402
 from retrieval_throughput import _env, _free_port, _get_json, _load  # noqa: E402
 
 logger = logging.getLogger("retrieval_replica_memory")
@@ -125,20 +126,6 @@ def titled_replicas() -> set[int]:
             if any(REPLICA_TITLE in part for part in p.info["cmdline"] or []):
                 found.add(p.pid)
     return found
-
-
-@contextlib.contextmanager
-def shielded():
-    """SIGTERM / SIGINT held back while a clean-up runs (a signal must not leave half of it undone), then acted on."""
-    held: list[int] = []
-    old = {sig: signal.signal(sig, lambda s, _: held.append(s)) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        if held:
-            raise SystemExit(128 + held[0])
 
 
 def measure(index: Path, replicas: int, queries: list[str], args: argparse.Namespace, tmp: Path) -> list[dict]:

@@ -89,10 +89,10 @@ def warm_start(cfg, model, tokenizer, args) -> list[float]:
     from rsearch_verl.data.dataset import render_prompt
     from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.data.toy_world import build_toy_world
-    from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.rollout.protocols import protocol_for
     from rsearch_verl.sft import train_sft
 
-    proto = get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    proto = protocol_for(cfg)
     world = build_toy_world(cfg.data.toy_world)
     demos = demonstrations(world, cfg.rollout.protocol, args.sft_demos, seed=args.seed, p_no_search=args.p_no_search,
                            variant=cfg.prompt_variant, topk=cfg.retriever.topk, tokenizer=tokenizer)  # fmt: skip
@@ -163,11 +163,12 @@ def report(probes: list[dict], rl: list[dict], args) -> list[str]:
 def measure_stages(cfg, args, probes: dict[str, dict], sft_dir: str | None) -> None:
     """Probes zero-shot and (with `sft_dir`) warm-starts and probes again, recording each stage into `probes`. The
     model lives only in this function, so that it is freed on return, before the RL job runs beside this process."""
+    from rsearch_verl.rollout.protocols import protocol_for
     from rsearch_verl.sft import load_policy, save_hf
     from rsearch_verl.warm_start import SkillProbe
 
     model, tokenizer = load_policy(cfg, seed=args.seed)
-    probe = SkillProbe(cfg, model, tokenizer, args.probe_questions)
+    probe = SkillProbe(cfg, model, tokenizer, args.probe_questions, protocol=protocol_for(cfg))
     try:
         if "zero-shot" not in probes:
             probes["zero-shot"] = _record(args.out, probe_row("zero-shot", probe))

@@ -60,6 +60,21 @@ TENSOR_KEYS_FROM_ROLLOUT = (
 )
 
 
+def sequence_keys(
+    prompts: torch.Tensor, responses: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The sequence keys of a rollout batch that follow from prompt ids [B, P], response ids [B, R], the attention mask
+    [B, P+R] and the response mask [B, R]: `input_ids` is their concatenation, `position_ids` counts attended tokens."""
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+    }
+
+
 def response_attention(attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
     """1 on every real response token, observations included (the loss mask of the no-masking ablation)."""
     return attention_mask[:, -response_len:]

@@ -66,7 +66,7 @@ class SkillProbe:
     on questions of a held-out practice world, searching that world's passages by their keys. `protocol`: the run's;
     None builds it from `cfg` (for a caller that holds none: a script of its own)."""
 
-    def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, engine=None, protocol=None):
+    def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, protocol: SearchProtocol, engine=None):
         from rsearch_verl.rollout.engines.hf import HFEngine
 
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
@@ -74,7 +74,7 @@ class SkillProbe:
         n_two = min(len(side.two_hop), n_questions // 2)
         questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
         self.questions = questions
-        self.protocol: SearchProtocol = protocol if protocol is not None else protocol_for(cfg)
+        self.protocol = protocol
         rows = [
             {
                 "id": f"probe-{i}",

@@ -18,7 +18,7 @@ import os
 from rsearch_verl.config import DATA_SOURCES, RSearchConfig
 from rsearch_verl.data.toy_tokenizer import toy_tokenizer
 from rsearch_verl.data.toy_world import build_toy_world
-from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
+from rsearch_verl.rollout.protocols import SearchProtocol
 
 
 @dataclasses.dataclass
@@ -72,9 +72,8 @@ LOADERS = {"toy_world": toy_world_data, "parquet": parquet_data}  # one per DATA
 assert set(LOADERS) == set(DATA_SOURCES), "a data source without its loader (or the reverse)"
 
 
-def load_run_data(cfg: RSearchConfig, protocol: SearchProtocol | None = None) -> RunData:
-    """The run's data (`data.source`). `protocol`: the run's; None builds it from `cfg` (for a caller that holds
-    none: a script of its own)."""
+def load_run_data(cfg: RSearchConfig, protocol: SearchProtocol) -> RunData:
+    """The run's data (`data.source`). `protocol`: the run's (`protocol_for(cfg)`), which renders the prompts."""
     if cfg.data.source not in LOADERS:
         raise ValueError(f"data.source: {cfg.data.source!r} is not one of {list(DATA_SOURCES)}")
-    return LOADERS[cfg.data.source](cfg, protocol if protocol is not None else protocol_for(cfg))
+    return LOADERS[cfg.data.source](cfg, protocol)

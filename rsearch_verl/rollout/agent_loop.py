@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
+from rsearch_verl.batch import sequence_keys
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchProtocol
@@ -223,16 +224,7 @@ def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int,
             logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32) * resp_mask[i, :n]
             versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
     attn = torch.cat([prompt_m, resp_attn], dim=1)
-    return {
-        "prompts": prompt_t,
-        "responses": resp_t,
-        "input_ids": torch.cat([prompt_t, resp_t], dim=1),
-        "attention_mask": attn,
-        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": resp_mask,
-        "rollout_log_probs": logp,
-        "rollout_versions": versions,
-    }
+    return {**sequence_keys(prompt_t, resp_t, attn, resp_mask), "rollout_log_probs": logp, "rollout_versions": versions}
 
 
 def search_metrics(search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None):

@@ -1,8 +1,11 @@
-"""Update batches for tests and benchmarks: the rollout's sequence keys (rsearch_verl/batch.py), spelled once."""
+"""Update batches for tests and benchmarks: the rollout's sequence keys (rsearch_verl/batch.py `sequence_keys`) plus the
+`loss_mask` the driver writes."""
 
 from __future__ import annotations
 
 import torch
+
+from rsearch_verl.batch import sequence_keys
 
 
 def sequence_tensors(
@@ -10,12 +13,4 @@ def sequence_tensors(
 ) -> dict[str, torch.Tensor]:
     """The sequence keys a rollout hands the update, from prompt ids [B, P], response ids [B, R], the attention mask
     [B, P+R] and the response mask [B, R]; `loss_mask` as the driver writes it with observations masked."""
-    return {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": response_mask,
-        "loss_mask": response_mask.clone(),
-    }
+    return {**sequence_keys(prompts, responses, attention_mask, response_mask), "loss_mask": response_mask.clone()}

@@ -18,7 +18,7 @@ from rsearch_verl.batch import FINISH_REASONS
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
-from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
+from rsearch_verl.rollout.protocols import SearchProtocol
 from rsearch_verl.trainer.health import signals as sig
 
 
@@ -39,13 +39,9 @@ def reward_inputs(batch: DataProto) -> list[RewardInput]:
     return items
 
 
-def reward_phase(
-    batch: DataProto, cfg: RSearchConfig, protocol: SearchProtocol | None = None
-) -> tuple[DataProto, dict[str, float]]:
+def reward_phase(batch: DataProto, cfg: RSearchConfig, protocol: SearchProtocol) -> tuple[DataProto, dict[str, float]]:
     """Score every trajectory with the recipe's reward; put the score on its last policy token. The reward reads
-    answers with the run's `protocol` (rollout.protocol: the one the rollout used, built once by the driver; None
-    builds it from `cfg`, for a caller that does not hold it yet)."""
-    protocol = protocol if protocol is not None else protocol_for(cfg)
+    answers with the run's `protocol` (rollout.protocol: the one the rollout used, built once by the driver)."""
     items, judge = reward_inputs(batch), cfg.reward.judge
     results = compute_rewards(cfg.reward.name, items, judge_cfg=judge, protocol=protocol, **cfg.reward.kwargs)
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)

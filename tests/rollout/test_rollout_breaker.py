@@ -14,13 +14,10 @@ Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_breaker.py
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
-from conftest import free_port
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -30,6 +27,7 @@ from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.process import process_search_client
+from rsearch_verl.testing.servers import serve_in_thread
 
 
 def _switchable_app(state: dict) -> FastAPI:
@@ -68,14 +66,8 @@ def _switchable_app(state: dict) -> FastAPI:
 @pytest.fixture(scope="module")
 def retriever() -> Iterator[tuple[str, dict]]:
     state = {"mode": "ok", "posts": 0}
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(_switchable_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=srv.run, daemon=True).start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}", state
+    srv, _, url = serve_in_thread(_switchable_app(state))
+    yield url, state
     srv.should_exit = True
 
 

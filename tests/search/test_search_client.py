@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.search import SearchClient, SearchError
 from rsearch_verl.search.sources import LocalSource
+from rsearch_verl.testing.servers import serve_in_thread
 
 
 def _free_port() -> int:
@@ -59,15 +58,8 @@ def _fake_retriever(state: dict) -> FastAPI:
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, dict]]:
     state: dict = {}
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(_fake_retriever(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started, "fake retrieval server did not start"
-    yield f"http://127.0.0.1:{port}", state
+    srv, thread, url = serve_in_thread(_fake_retriever(state))
+    yield url, state
     srv.should_exit = True
     thread.join(timeout=10)
 

@@ -9,9 +9,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_search_sources.py
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +24,7 @@ from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search import SearchAuthError, SearchClient, SearchError, default_sources
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource
 from rsearch_verl.search.sources.arxiv import parse_atom
+from rsearch_verl.testing.servers import serve_in_thread
 
 KEY = "test-key"
 ATOM = """<?xml version="1.0" encoding="UTF-8"?>
@@ -36,12 +35,6 @@ ATOM = """<?xml version="1.0" encoding="UTF-8"?>
 ENTRY = """<entry><id>http://arxiv.org/abs/2503.0{i}v1</id><title>Paper {i} on
   {q}</title><summary>  Abstract {i}
   about {q}. </summary><author><name>A. Author</name></author></entry>"""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class WordOverlapRetriever:
@@ -76,15 +69,7 @@ class WordOverlapRetriever:
 
 
 def _serve(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str]:
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    return srv, thread, f"http://127.0.0.1:{port}"
+    return serve_in_thread(app)
 
 
 @pytest.mark.parametrize("mode", ["batched", "searchr1"])
@@ -148,15 +133,8 @@ def _fake_apis(state: dict) -> FastAPI:
 @pytest.fixture(scope="module")
 def base() -> Iterator[tuple[str, dict]]:
     state: dict = {"serper": [], "arxiv": []}
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(_fake_apis(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}", state
+    srv, thread, url = serve_in_thread(_fake_apis(state))
+    yield url, state
     srv.should_exit = True
     thread.join(timeout=10)
 

@@ -97,7 +97,7 @@ def _scripted_probe(cfg, answer_right: bool, search: bool):
         return f"<think> ok </think>\n<answer> {answer} </answer>"
 
     engine = ScriptedHFEngine(model, tok, script)
-    holder["probe"] = SkillProbe(cfg, model, tok, n_questions=8, engine=engine)
+    holder["probe"] = SkillProbe(cfg, model, tok, n_questions=8, protocol=protocol_for(cfg), engine=engine)
     return holder["probe"]
 
 

@@ -14,6 +14,7 @@ from verl import DataProto
 
 from rsearch_verl.batch import FINISH_REASONS
 from rsearch_verl.config import RSearchConfig
+from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.trainer import phases
 
 THINKING = [("policy", "<think> maybe <answer> Paris </answer> </think> not sure")]
@@ -58,10 +59,10 @@ def _cfg(protocol: str) -> RSearchConfig:
 
 
 def test_reward_phase_reads_answers_with_the_recipes_protocol():
-    batch, metrics = phases.reward_phase(_batch(), _cfg("search_r1"))
+    batch, metrics = phases.reward_phase(_batch(), _cfg("search_r1"), protocol_for(_cfg("search_r1")))
     assert list(batch.non_tensor_batch["answer"]) == ["Paris", "Paris"] and metrics["reward/mean"] == 1.0
     # the tool-call recipe's protocol skips reasoning: the answer inside <think> is no answer
-    batch, metrics = phases.reward_phase(_batch(), _cfg("tool_call"))
+    batch, metrics = phases.reward_phase(_batch(), _cfg("tool_call"), protocol_for(_cfg("tool_call")))
     assert list(batch.non_tensor_batch["answer"]) == [None, "Paris"] and metrics["reward/mean"] == 0.5
     assert batch.batch["token_level_scores"][1].tolist() == [0, 0, 0, 0, 0, 1.0]  # on the last policy token
 
