@@ -46,8 +46,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from retrieval_scaleout import shielded  # noqa: E402
-from retrieval_throughput import _env, _free_port, _get_json, _load  # noqa: E402
+from retrieval_scaleout import shielded, wait_replicas  # noqa: E402
+from retrieval_throughput import _env, _free_port, _load  # noqa: E402
 
 logger = logging.getLogger("retrieval_replica_memory")
 INDEXES = ("flat", "ivfpq_rerank", "bm25")
@@ -104,18 +104,7 @@ def kill_leftovers(tmp: Path) -> None:
 
 def replica_pids(url: str, n: int, proc: subprocess.Popen, log: Path) -> set[int]:
     """Poll /health until `n` distinct processes answered (the proxy balances the probes over the replicas)."""
-    seen: set[int] = set()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
-        pid = (_get_json(f"{url}/health") or {}).get("pid")
-        if pid:
-            seen.add(pid)
-        if len(seen) >= n:
-            return seen
-        time.sleep(0.2 if seen else 2)
-    raise TimeoutError(f"{len(seen)} of {n} replicas healthy after {START_TIMEOUT_S:.0f} s; see {log}")
+    return wait_replicas([url], n, proc, log)
 
 
 def titled_replicas() -> set[int]:
