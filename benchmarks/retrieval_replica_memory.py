@@ -53,7 +53,6 @@ logger = logging.getLogger("retrieval_replica_memory")
 INDEXES = ("flat", "ivfpq_rerank", "bm25")
 REPLICA_TITLE = "ServeReplica:retriever:RetrieverReplica"  # Ray's process title of a replica of replicas.py's app
 MIB = 1 << 20
-START_TIMEOUT_S = 300.0
 
 
 def build_indexes(work: Path, n_docs: int, kinds: list[str]) -> tuple[dict[str, Path], list[str]]:
