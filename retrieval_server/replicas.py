@@ -8,8 +8,8 @@ not pickle) and builds its app there (`@serve.ingress()` with `__serve_build_asg
 every node of the cluster and balances requests over the replicas, which Serve spreads over the nodes. The wire
 format, `/health`, the limits and the bearer token are the single server's: Search-R1's client and verl's search tool
 work against it unchanged. `check_health` runs a one-query search, so a replica whose index or threads broke is
-replaced by Serve, as is one whose process died; requests it had in flight fail with a 5xx that the search client
-retries (rsearch_verl/search/client.py).
+replaced by Serve, as is one whose process died; a request it had in flight is retried (by Serve's proxy, or by the
+search client on the 5xx it gets: rsearch_verl/search/client.py).
 
 The cluster: `RAY_ADDRESS` (e.g. the head of a multi-host cluster) or, unset, a local Ray started by this process.
 The replica's threads follow its `--replica-cpus` (its Ray `num_cpus`), not the machine's core count. What replicas

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -160,3 +161,9 @@ def test_replicas_spread_over_the_nodes_that_fit_one_and_size_threads_to_their_c
     four = replica_config(ServerConfig(), 4.0)
     assert (one.cpus, one.workers, one.token) == (1, 1, None)  # the token reaches replicas by their runtime env
     assert (four.cpus, four.workers, four.own_cpus()) == (4, 2, 4)
+
+
+def test_replicas_of_a_missing_index_fail_in_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(tmp_path / "none"), "--replicas", "2"]
+    done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr and "Traceback" not in done.stderr, done.stderr
