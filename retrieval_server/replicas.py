@@ -167,7 +167,6 @@ def run_until_signalled(index_dir: str, config: ServerConfig, replicas: int, rep
         )
         done.wait()
     finally:
-        stop()
-        if not address:
-            serve.shutdown()
-        ray.shutdown()
+        if address:
+            stop()  # the cluster stays; only our application goes
+        ray.shutdown()  # a local Ray of our own: its controller, proxy and replicas go with it
