@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 
-from retrieval_server.config import MODES, ServerConfig
+from retrieval_server.config import MODES, ServerConfig, process_cpus
 
 logger = logging.getLogger("retrieval_server")
 
@@ -60,7 +60,7 @@ def search_workers(args: argparse.Namespace) -> int:
         return 1
     if args.workers:
         return args.workers
-    return 2 if args.device == "cpu" and len(os.sched_getaffinity(0)) >= 2 else 1
+    return 2 if args.device == "cpu" and process_cpus() >= 2 else 1
 
 
 def serve(args: argparse.Namespace) -> None:

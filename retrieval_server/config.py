@@ -17,6 +17,13 @@ MODES = ("batched", "searchr1")
 TOKEN_ENV = "RETRIEVER_TOKEN"
 
 
+def process_cpus() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, e.g. Linux; else all of them)."""
+    if hasattr(os, "sched_getaffinity"):  # not on macOS
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How the HTTP side serves a `Retriever`. Limits answer client abuse with 4xx, never 500."""
@@ -60,7 +67,7 @@ class ServerConfig:
     def own_cpus(self) -> int:
         """The cores this server sizes its threads to: `cpus`, else the ones this process may run on (not
         `os.cpu_count()`, which counts the whole machine: a container or a Ray replica gets fewer)."""
-        return self.cpus or len(os.sched_getaffinity(0))
+        return self.cpus or process_cpus()
 
     def with_env_token(self) -> ServerConfig:
         """Fill `token` from $RETRIEVER_TOKEN when no token was given explicitly."""
