@@ -85,6 +85,9 @@ def serve(args: argparse.Namespace) -> None:
     config = config.with_env_token().validated()
     if args.replicas < 0 or args.replica_cpus <= 0:
         raise ValueError(f"--replicas must be >= 0 and --replica-cpus > 0, got {args.replicas}, {args.replica_cpus}")
+    if args.replicas and args.device != "cpu":
+        # a replica asks Ray for CPUs only, and Ray hides the GPUs from an actor that asked for none
+        raise ValueError(f"--replicas serves on CPU only (got --device {args.device}); one process serves a GPU index")
     _warn_if_open(config)
     if args.replicas:
         from retrieval_server.replicas import run_until_signalled

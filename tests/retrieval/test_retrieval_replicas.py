@@ -167,3 +167,9 @@ def test_replicas_of_a_missing_index_fail_in_one_line(tmp_path):
     cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(tmp_path / "none"), "--replicas", "2"]
     done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "does not exist" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_replicas_refuse_a_gpu_device_in_one_line(bm25_index):
+    cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(bm25_index), "--replicas", "2"]
+    done = subprocess.run([*cmd, "--device", "cuda"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "CPU only" in done.stderr and "Traceback" not in done.stderr, done.stderr
