@@ -13,6 +13,7 @@ the same app from N Ray Serve replicas instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -67,21 +68,9 @@ def serve(args: argparse.Namespace) -> None:
     """Load the index, warm it up, and run uvicorn until interrupted."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no-op when main() set it already (see there)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        token=args.token,
-        max_queries=args.max_queries,
-        max_query_chars=args.max_query_chars,
-        max_topk=args.max_topk,
-        max_body_bytes=args.max_body_bytes,
-        default_topk=args.default_topk,
-        batch_max=args.batch_max,
-        batch_wait_ms=args.batch_wait_ms,
-        workers=search_workers(args),
-        mode=args.mode,
-        log_level=args.log_level,
-    )
+    # every ServerConfig field the CLI has a flag for, by the flag's name; the thread count is derived
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
+    config = ServerConfig(**(flags | {"workers": search_workers(args)}))
     config = config.with_env_token().validated()
     if args.replicas < 0 or args.replica_cpus <= 0:
         raise ValueError(f"--replicas must be >= 0 and --replica-cpus > 0, got {args.replicas}, {args.replica_cpus}")

@@ -83,27 +83,11 @@ def add_build_args(parser: argparse.ArgumentParser) -> None:
 
 def run_build(args: argparse.Namespace) -> str:
     """CLI entry: build the index described by `args`; returns the output directory."""
-    params = {
-        "hnsw_m": args.hnsw_m,
-        "ef_search": args.ef_search,
-        "nlist": args.nlist,
-        "pq_m": args.pq_m,
-        "nprobe": args.nprobe,
-        "rerank_factor": args.rerank_factor,
-    }
-    return build_index(
-        args.corpus,
-        args.encoder,
-        args.index_type,
-        args.out,
-        encoder_path=args.encoder_path,
-        pooling=args.pooling,
-        batch_size=args.batch_size,
-        chunk_size=args.chunk_size,
-        device=args.device,
-        max_length=args.max_length,
-        **{k: v for k, v in params.items() if v is not None},
-    )
+    params = ("hnsw_m", "ef_search", "nlist", "pq_m", "nprobe", "rerank_factor")  # None: the index type's default
+    options = ("encoder_path", "pooling", "batch_size", "chunk_size", "device", "max_length")
+    kwargs = {k: getattr(args, k) for k in options}
+    kwargs |= {k: getattr(args, k) for k in params if getattr(args, k) is not None}
+    return build_index(args.corpus, args.encoder, args.index_type, args.out, **kwargs)
 
 
 def build_index(

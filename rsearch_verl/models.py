@@ -20,6 +20,7 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import logging
@@ -209,12 +210,7 @@ def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtyp
 
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=tiny_cfg.hidden_size,
-        intermediate_size=tiny_cfg.intermediate_size,
-        num_hidden_layers=tiny_cfg.num_hidden_layers,
-        num_attention_heads=tiny_cfg.num_attention_heads,
-        num_key_value_heads=tiny_cfg.num_key_value_heads,
-        max_position_embeddings=tiny_cfg.max_position_embeddings,
+        **{f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)},  # the shape, by field name
         tie_word_embeddings=True,
         use_cache=True,
     )

@@ -296,18 +296,10 @@ async def generate_batch_async(
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 
-def generate_batch(
-    engine: RolloutEngine,
-    tokenizer,
-    prompts: DataProto,
-    cfg: RSearchConfig,
-    search: SearchFn | None = None,
-    *,
-    protocol: SearchProtocol,
-    **kwargs,
-) -> DataProto:
-    """Roll out every prompt (rollout.n samples each) and return the batch with all rollout keys of batch.py."""
-    coro = generate_batch_async(engine, tokenizer, prompts, cfg, search, protocol=protocol, **kwargs)
+def generate_batch(*args, **kwargs) -> DataProto:
+    """Roll out every prompt (rollout.n samples each) and return the batch with all rollout keys of batch.py;
+    the arguments are those of `generate_batch_async` (engine, tokenizer, prompts, cfg, search, protocol=...)."""
+    coro = generate_batch_async(*args, **kwargs)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
