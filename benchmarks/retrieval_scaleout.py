@@ -56,6 +56,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from netns_cluster import SHARED_ROOT, NetnsCluster, ray_env  # noqa: E402
 from retrieval_throughput import _client, _env, _free_port, _get_json, _request_bytes, prepare_index  # noqa: E402
 
+from retrieval_server.config import INGRESSES  # noqa: E402
+
 logger = logging.getLogger("retrieval_scaleout")
 CONFIGS = ("single", "serve-1r", "serve-2r")
 START_TIMEOUT_S = 300.0
@@ -131,7 +133,8 @@ def run_load(urls: list[str], args: argparse.Namespace, queries_file: Path, load
 
 def namespace_cpu_s(namespaces: list[str]) -> dict[str, float]:
     """CPU seconds used so far by the hosts' processes, by role: `server` (the single server or a replica), `proxy`
-    (Serve's proxy) and `other` (raylet, idle workers, ...). Taken before and after a load run."""
+    (Serve's ingress: its Python proxy, or HAProxy and the actor that manages it) and `other` (raylet, idle workers,
+    ...). Taken before and after a load run."""
     import psutil
 
     out = {"server": 0.0, "proxy": 0.0, "other": 0.0}
@@ -139,8 +142,10 @@ def namespace_cpu_s(namespaces: list[str]) -> dict[str, float]:
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(int(pid))
-                title = " ".join(proc.cmdline())
-                role = "proxy" if "ProxyActor" in title else "other"
+                argv = proc.cmdline()
+                title = " ".join(argv)
+                ingress = "ProxyActor" in title or "HAProxyManager" in title or Path(argv[0]).name == "haproxy"
+                role = "proxy" if ingress else "other"
                 if "ServeReplica" in title or "retrieval_server serve" in title:
                     role = "server"
                 times = proc.cpu_times()
@@ -260,7 +265,7 @@ class Bench:
         """`serve --replicas N` deployed on the harness's cluster from the machine's namespace (RAY_ADDRESS)."""
         cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(index), "--replicas", str(replicas)]
         cmd += ["--replica-cpus", str(self.args.cpus_per_host), "--host", "0.0.0.0", "--port", str(self.serve_port)]
-        cmd += ["--log-level", "warning"]
+        cmd += ["--ingress", self.args.ingress, "--log-level", "warning"]
         env = ray_env({**_env(), "RAY_ADDRESS": f"{self.cluster.head_ip}:{self.cluster.gcs_port}"})
         log = self.logs / f"serve{replicas}_{index.name}.log"
         proc = spawn(cmd, log, env)
@@ -272,7 +277,7 @@ class Bench:
             urls = [all_urls[i] for i in hosts]
             cores = {p: sorted(os.sched_getaffinity(p)) for p in pids}
             logger.info("%d replica(s) on host(s) %s, pid: cores %s; load through %s", replicas, hosts, cores, urls)
-            entry = "+".join(f"host{i}" for i in hosts) + (" proxies" if len(hosts) > 1 else " proxy")
+            entry = "+".join(f"host{i}" for i in hosts) + f" {self.args.ingress}"
             return {"entry": entry, **self.load(urls, queries_file)}
         finally:
             terminate(proc)
@@ -363,6 +368,7 @@ def main() -> None:
     p.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS), help=",".join(CONFIGS))
     p.add_argument("--topk", type=int, default=3)
     p.add_argument("--cpus-per-host", type=int, default=1, help="each host's Ray CPUs = a replica's --replica-cpus")
+    p.add_argument("--ingress", choices=INGRESSES, default="auto", help="Serve's ingress (serve --ingress)")
     p.add_argument("--pin", choices=["auto", "on", "off"], default="auto", help="pin each host to its own cores")
     p.add_argument("--work-dir", default=os.path.join(SHARED_ROOT, "rsv_bench_scaleout"), help="index cache")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")

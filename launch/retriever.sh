@@ -18,8 +18,9 @@
 #   DEVICE      cpu | cuda (cuda: fp16 encoder, FAISS sharded over all visible GPUs)   (default cpu)
 #   RETRIEVER_TOKEN  bearer token required on /retrieve (read by the server itself)
 #   REPLICAS    serve through Ray Serve with N replicas spread over the Ray cluster at $RAY_ADDRESS (unset: a local
-#               Ray), a proxy on every node at HOST:PORT; unset or 0: one process (default). See docs/retriever.md
+#               Ray), an ingress on every node at HOST:PORT; unset or 0: one process (default). See docs/retriever.md
 #   REPLICA_CPUS  CPUs per Serve replica; its threads are sized to them            (default 1)
+#   INGRESS     auto | haproxy | proxy: Serve's HAProxy ingress or its Python proxy (auto: HAProxy on Linux)
 #   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--mode searchr1 --max-topk 50"
 #   PYTHON      interpreter (default .venv/bin/python)
 set -euo pipefail
@@ -50,4 +51,4 @@ fi
 
 # shellcheck disable=SC2086
 exec "$PY" -m retrieval_server serve --index "$INDEX_DIR" --host "$HOST" --port "$PORT" --device "$DEVICE" \
-  --replicas "${REPLICAS:-0}" --replica-cpus "${REPLICA_CPUS:-1}" ${SERVE_ARGS:-}
+  --replicas "${REPLICAS:-0}" --replica-cpus "${REPLICA_CPUS:-1}" --ingress "${INGRESS:-auto}" ${SERVE_ARGS:-}

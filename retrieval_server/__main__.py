@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from retrieval_server.config import MODES, ServerConfig, process_cpus
+from retrieval_server.config import INGRESSES, MODES, ServerConfig, process_cpus
 
 logger = logging.getLogger("retrieval_server")
 
@@ -51,6 +51,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "0 = one uvicorn process (default)",
     )
     p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each Serve replica asks Ray for")
+    p.add_argument(
+        "--ingress",
+        choices=INGRESSES,
+        default="auto",
+        help="with --replicas: Serve's HAProxy ingress (auto: where its binary exists, Linux) or its Python proxy",
+    )
 
 
 def search_workers(args: argparse.Namespace) -> int:
@@ -84,7 +90,7 @@ def serve(args: argparse.Namespace) -> None:
 
         read_manifest(args.index)  # a missing index fails here in one line, not as N replica start-up tracebacks
 
-        run_until_signalled(args.index, config, args.replicas, args.replica_cpus, args.device)
+        run_until_signalled(args.index, config, args.replicas, args.replica_cpus, args.device, args.ingress)
         return
 
     import uvicorn

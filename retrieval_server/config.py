@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 MODES = ("batched", "searchr1")
+INGRESSES = ("auto", "haproxy", "proxy")  # `serve --replicas`: see retrieval_server/replicas.py
 TOKEN_ENV = "RETRIEVER_TOKEN"
 
 

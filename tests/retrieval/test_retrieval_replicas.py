@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,19 +60,35 @@ def replicated(bm25_index, tmp_path_factory) -> Server:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # nothing of the local Ray outlives it: Ray does not stop the HAProxy a worker forked, the server does
+        assert not haproxy_on(port), f"an HAProxy still listens on :{port} after the server exited"
 
 
-def replica_pids(url: str, probes: int = 40) -> set[int]:
-    """The processes that answer /health (Serve balances the probes over the replicas)."""
+def haproxy_on(port: int) -> bool:
+    """Whether some HAProxy process was started for this port (its config file names the port)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            conf = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == b"-f"), None)
+            serves = conf is not None and f":{port}".encode() in Path(conf.decode()).read_bytes()
+            if serves and os.path.basename(argv[0]) == b"haproxy":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def replica_pids(url: str, within_s: float = 30.0) -> set[int]:
+    """The processes that answer /health (the ingress balances the probes over the replicas; HAProxy adds a
+    replica once its own health check passed, a second or two after Serve reports it running)."""
     seen: set[int] = set()
+    deadline = time.monotonic() + within_s
     with httpx.Client(timeout=5) as http:
-        for _ in range(probes):
+        while len(seen) < 2 and time.monotonic() < deadline:
             try:
                 seen.add(http.get(f"{url}/health").json()["pid"])
             except (httpx.HTTPError, KeyError, ValueError):
-                continue
-            if len(seen) >= 2:
-                break
+                time.sleep(0.2)
     return seen
 
 
@@ -131,7 +148,7 @@ def test_killed_replica_is_replaced_under_load_without_failed_searches(replicate
         killed_at = time.monotonic()
         now: set[int] = set()
         while time.monotonic() - killed_at < REPLACE_WITHIN_S:
-            now = replica_pids(replicated.url, probes=10)
+            now = replica_pids(replicated.url, within_s=5)
             if len(now) == 2 and victim not in now:
                 break
             time.sleep(1)
@@ -173,3 +190,16 @@ def test_replicas_refuse_a_gpu_device_in_one_line(bm25_index):
     cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(bm25_index), "--replicas", "2"]
     done = subprocess.run([*cmd, "--device", "cuda"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "CPU only" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_ingress_auto_is_haproxy_where_serve_finds_its_binary(monkeypatch):
+    from retrieval_server import replicas
+
+    assert replicas.resolve_ingress("proxy") == "proxy" and replicas.resolve_ingress("haproxy") == "haproxy"
+    with pytest.raises(ValueError, match="--ingress must be one of"):
+        replicas.resolve_ingress("nginx")
+    monkeypatch.setattr(replicas.sys, "platform", "darwin")  # ray[serve] bundles HAProxy for Linux only
+    monkeypatch.setattr(replicas.shutil, "which", lambda name: None)
+    assert replicas.resolve_ingress("auto") == "proxy"
+    monkeypatch.setattr(replicas.shutil, "which", lambda name: "/usr/sbin/haproxy" if name == "haproxy" else None)
+    assert replicas.resolve_ingress("auto") == "haproxy"
