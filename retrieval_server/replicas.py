@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 
@@ -149,18 +150,29 @@ def start(
     replica_cpus: float = 1.0,
     device: str = "cpu",
     ingress: str = "proxy",
+    own_ray: bool = False,
 ) -> None:
     """Deploy on the Ray cluster this process is connected to (an ingress on every node at config.host:port). The
     ingress is chosen when Serve starts on the cluster (its controller's environment); a cluster whose Serve already
-    runs keeps the ingress it has."""
+    runs keeps the ingress it has. `own_ray`: a local Ray this process started (one of maybe several on the host)."""
     import ray
 
-    controller = {"runtime_env": {"env_vars": HAPROXY_ENV}} if ingress == "haproxy" else None
+    env = dict(HAPROXY_ENV)
+    if own_ray:  # HAProxy's stats and metrics ports are per machine: a second local Serve must not collide on them
+        env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    controller = {"runtime_env": {"env_vars": env}} if ingress == "haproxy" else None
     http = {"host": config.host, "port": config.port}
     serve.start(proxy_location="EveryNode", http_options=http, controller_options=controller)
     per_node = spread_cap(replicas, replica_cpus, ray.nodes())
     app = deployment_app(index_dir, config, replicas, replica_cpus, device, per_node, ingress)
     serve.run(app, name=APP_NAME, route_prefix="/")
+
+
+def free_port() -> int:
+    """A TCP port free on this host now."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def stop_node_haproxy(node_id: str) -> int:
@@ -207,7 +219,7 @@ def run_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     try:
-        start(index_dir, config, replicas, replica_cpus, device, ingress)
+        start(index_dir, config, replicas, replica_cpus, device, ingress, own_ray=not address)
         logger.info(
             "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d through %s (%s)",
             index_dir,

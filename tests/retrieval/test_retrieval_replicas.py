@@ -8,6 +8,7 @@ under steady load costs no failed search (the client retries what was in flight)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -29,13 +30,13 @@ TOKEN = "replica-test-token"
 REPLACE_WITHIN_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def replicated(bm25_index, tmp_path_factory) -> Server:
+@contextlib.contextmanager
+def replicated_server(index: Path, replicas: int, log: Path):
+    """`REPLICAS=N bash launch/retriever.sh` on a local Ray of its own, until every replica runs; stopped after."""
     port = free_port()
-    env = {**_env(), "INDEX_DIR": str(bm25_index), "ENCODER": "bm25", "PORT": str(port), "REPLICAS": "2"}
+    env = {**_env(), "INDEX_DIR": str(index), "ENCODER": "bm25", "PORT": str(port), "REPLICAS": str(replicas)}
     env["RETRIEVER_TOKEN"] = TOKEN
     env.pop("RAY_ADDRESS", None)  # a local Ray of its own
-    log = tmp_path_factory.mktemp("replicas") / "serve.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(
             ["bash", "launch/retriever.sh"],
@@ -47,12 +48,12 @@ def replicated(bm25_index, tmp_path_factory) -> Server:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, log, timeout_s=240)  # the proxy answers once the first replica is up
+        wait_healthy(url, proc, log, timeout_s=240)  # the ingress answers once the first replica is up
         deadline = time.monotonic() + 240
         while "Ray Serve replica(s)" not in log.read_text():  # logged once every replica is running
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        yield Server(url=url, proc=proc, index=bm25_index, log=log)
+        yield Server(url=url, proc=proc, index=index, log=log)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the script execs the server: it deletes the app and stops its Ray
         try:
@@ -62,6 +63,12 @@ def replicated(bm25_index, tmp_path_factory) -> Server:
             proc.wait()
         # nothing of the local Ray outlives it: Ray does not stop the HAProxy a worker forked, the server does
         assert not haproxy_on(port), f"an HAProxy still listens on :{port} after the server exited"
+
+
+@pytest.fixture(scope="module")
+def replicated(bm25_index, tmp_path_factory) -> Server:
+    with replicated_server(bm25_index, 2, tmp_path_factory.mktemp("replicas") / "serve.log") as server:
+        yield server
 
 
 def haproxy_on(port: int) -> bool:
@@ -101,6 +108,13 @@ def test_two_replicas_answer_search_r1_requests(replicated):
     assert len(result) == 2 and all(len(hits) == 3 for hits in result)
     assert {"id", "contents"} <= set(result[0][0]["document"]) and isinstance(result[0][0]["score"], float)
     assert httpx.post(f"{replicated.url}/retrieve", json=body).status_code == 401  # the token guards every replica
+
+
+def test_a_second_replicated_server_runs_beside_the_first(replicated, tmp_path):
+    """Two local Rays on one machine, each with its own Serve and HAProxy (whose stats ports are per machine)."""
+    with replicated_server(replicated.index, 1, tmp_path / "second.log") as second:
+        assert httpx.get(f"{second.url}/health", timeout=5).json()["pid"] not in replica_pids(replicated.url)
+    assert httpx.get(f"{replicated.url}/health", timeout=5).status_code == 200  # the first one is unharmed
 
 
 class SteadyLoad:
