@@ -85,12 +85,13 @@ def serve(args: argparse.Namespace) -> None:
         raise ValueError(f"--replicas serves on CPU only (got --device {args.device}); one process serves a GPU index")
     _warn_if_open(config)
     if args.replicas:
-        from retrieval_server.replicas import run_until_signalled
+        from retrieval_server.replicas import ReplicaSpec, run_until_signalled
         from retrieval_server.retriever import read_manifest
 
         read_manifest(args.index)  # a missing index fails here in one line, not as N replica start-up tracebacks
 
-        run_until_signalled(args.index, config, args.replicas, args.replica_cpus, args.device, args.ingress)
+        spec = ReplicaSpec(args.replicas, args.replica_cpus, args.device, args.ingress)
+        run_until_signalled(args.index, config, spec)
         return
 
     import uvicorn

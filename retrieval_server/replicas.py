@@ -51,6 +51,17 @@ REPLICA_ENV = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaSpec:
+    """What to deploy: `n` replicas of `cpus` CPUs each, their index on `device`, behind `ingress` ("haproxy" or
+    "proxy"; `resolve_ingress` turns the CLI's "auto" into one of them)."""
+
+    n: int
+    cpus: float = 1.0
+    device: str = "cpu"
+    ingress: str = "proxy"
+
+
 @serve.ingress()
 class RetrieverReplica:
     """One replica: the index loaded once, the app built on it (late-bound ingress)."""
@@ -102,34 +113,28 @@ def spread_cap(replicas: int, replica_cpus: float, nodes: list[dict]) -> int:
 
 
 def deployment_app(
-    index_dir: str,
-    config: ServerConfig,
-    replicas: int,
-    replica_cpus: float = 1.0,
-    device: str = "cpu",
-    per_node: int | None = None,
-    ingress: str = "proxy",
+    index_dir: str, config: ServerConfig, spec: ReplicaSpec, per_node: int | None = None
 ) -> serve.Application:
-    """The Serve application: `replicas` copies of the server over `index_dir`, each asking `replica_cpus` CPUs, at
-    most `per_node` on one node (None: Serve's default); `ingress` "haproxy" or "proxy" (see `resolve_ingress`)."""
-    env = dict(REPLICA_ENV) | (HAPROXY_ENV if ingress == "haproxy" else {})
-    if device == "cpu":
+    """The Serve application: `spec.n` copies of the server over `index_dir`, each asking `spec.cpus` CPUs, at most
+    `per_node` on one node (None: Serve's default)."""
+    env = dict(REPLICA_ENV) | (HAPROXY_ENV if spec.ingress == "haproxy" else {})
+    if spec.device == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     if config.token:  # through the runtime env, never the deployment's arguments (those are shown by `serve status`)
         env[TOKEN_ENV] = config.token
     deployment = serve.deployment(
         RetrieverReplica,
         name="RetrieverReplica",
-        num_replicas=replicas,
-        ray_actor_options={"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}},
+        num_replicas=spec.n,
+        ray_actor_options={"num_cpus": spec.cpus, "runtime_env": {"env_vars": env}},
         # every request the micro-batcher can coalesce reaches it (Serve's default of 5 would cap a batch at 5)
         max_ongoing_requests=4 * config.batch_max,
         health_check_period_s=5.0,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=10.0,
-        **({"max_replicas_per_node": per_node} if per_node and per_node < replicas else {}),
+        **({"max_replicas_per_node": per_node} if per_node and per_node < spec.n else {}),
     )
-    return deployment.bind(index_dir, replica_config(config, replica_cpus), device)
+    return deployment.bind(index_dir, replica_config(config, spec.cpus), spec.device)
 
 
 def resolve_ingress(ingress: str) -> str:
@@ -143,15 +148,7 @@ def resolve_ingress(ingress: str) -> str:
     return "haproxy" if bundled or shutil.which("haproxy") else "proxy"
 
 
-def start(
-    index_dir: str,
-    config: ServerConfig,
-    replicas: int,
-    replica_cpus: float = 1.0,
-    device: str = "cpu",
-    ingress: str = "proxy",
-    own_ray: bool = False,
-) -> None:
+def start(index_dir: str, config: ServerConfig, spec: ReplicaSpec, own_ray: bool = False) -> None:
     """Deploy on the Ray cluster this process is connected to (an ingress on every node at config.host:port). The
     ingress is chosen when Serve starts on the cluster (its controller's environment); a cluster whose Serve already
     runs keeps the ingress it has. `own_ray`: a local Ray this process started (one of maybe several on the host)."""
@@ -160,11 +157,10 @@ def start(
     env = dict(HAPROXY_ENV)
     if own_ray:  # HAProxy's stats and metrics ports are per machine: a second local Serve must not collide on them
         env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
-    controller = {"runtime_env": {"env_vars": env}} if ingress == "haproxy" else None
+    controller = {"runtime_env": {"env_vars": env}} if spec.ingress == "haproxy" else None
     http = {"host": config.host, "port": config.port}
     serve.start(proxy_location="EveryNode", http_options=http, controller_options=controller)
-    per_node = spread_cap(replicas, replica_cpus, ray.nodes())
-    app = deployment_app(index_dir, config, replicas, replica_cpus, device, per_node, ingress)
+    app = deployment_app(index_dir, config, spec, spread_cap(spec.n, spec.cpus, ray.nodes()))
     serve.run(app, name=APP_NAME, route_prefix="/")
 
 
@@ -201,14 +197,12 @@ def stop() -> None:
         logger.warning("could not delete the Serve application %s: %s", APP_NAME, exc)
 
 
-def run_until_signalled(
-    index_dir: str, config: ServerConfig, replicas: int, replica_cpus: float, device: str, ingress: str = "auto"
-) -> None:
+def run_until_signalled(index_dir: str, config: ServerConfig, spec: ReplicaSpec) -> None:
     """The CLI's `serve --replicas N`: connect (RAY_ADDRESS) or start a local Ray, deploy, serve until SIGTERM/SIGINT,
     then delete the application."""
     import ray
 
-    ingress = resolve_ingress(ingress)
+    spec = dataclasses.replace(spec, ingress=resolve_ingress(spec.ingress))
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
@@ -219,16 +213,11 @@ def run_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     try:
-        start(index_dir, config, replicas, replica_cpus, device, ingress, own_ray=not address)
+        start(index_dir, config, spec, own_ray=not address)
+        via = "HAProxy" if spec.ingress == "haproxy" else "Serve's proxy"
         logger.info(
             "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d through %s (%s)",
-            index_dir,
-            replicas,
-            replica_cpus,
-            config.host,
-            config.port,
-            "HAProxy" if ingress == "haproxy" else "Serve's proxy",
-            address or "local Ray",
+            *(index_dir, spec.n, spec.cpus, config.host, config.port, via, address or "local Ray"),
         )
         done.wait()
     finally:
