@@ -184,8 +184,8 @@ class RetrieverService:
     def _stop_process(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
+            try:  # replicas on a local Ray: its shutdown (~10 s), then the server stops its HAProxy (Ray would not)
+                self.proc.wait(timeout=30 if self.cfg.replicas else 10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

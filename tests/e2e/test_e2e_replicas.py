@@ -25,6 +25,10 @@ def replicas_of(proc: subprocess.Popen) -> list[psutil.Process]:
     return descendants(proc.pid, REPLICA)
 
 
+def haproxy_pids() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"}
+
+
 def wait_until(cond, proc: subprocess.Popen, timeout: float, what: str) -> float:
     start = time.monotonic()
     while not cond():
@@ -38,6 +42,7 @@ def wait_until(cond, proc: subprocess.Popen, timeout: float, what: str) -> float
 @pytest.mark.timeout(1200)
 def test_a_run_on_two_serve_replicas_survives_a_killed_replica(tmp_path, toy_cache, searching_policy):
     run_dir = tmp_path / "run"
+    haproxy_before = haproxy_pids()
     overrides = [*FAST, f"model.sft_checkpoint={searching_policy}", "retriever.replicas=2", "trainer.total_steps=8"]
     with open(str(run_dir) + ".log", "w") as log:
         proc = subprocess.Popen(
@@ -70,3 +75,4 @@ def test_a_run_on_two_serve_replicas_survives_a_killed_replica(tmp_path, toy_cac
     retried = sum(r["search/retries"] for r in rows)
     assert retried <= 10, retried  # at most what was in flight on the killed replica
     assert replaced_s < 60
+    assert haproxy_pids() <= haproxy_before, "the server's HAProxy outlived the run"
