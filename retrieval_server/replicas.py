@@ -209,11 +209,20 @@ def run_until_signalled(index_dir: str, config: ServerConfig, spec: ReplicaSpec)
     else:
         ray.init(include_dashboard=False, log_to_driver=False)
     node_id = ray.get_runtime_context().get_node_id()
-    done = threading.Event()
+    done, deployed = threading.Event(), threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        if done.is_set():  # a second signal must not interrupt the clean-up
+            return
+        done.set()
+        if not deployed.is_set():  # still deploying (serve.run blocks until every replica runs): unwind now
+            raise SystemExit(128 + signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, on_signal)
     try:
         start(index_dir, config, spec, own_ray=not address)
+        deployed.set()
         via = "HAProxy" if spec.ingress == "haproxy" else "Serve's proxy"
         logger.info(
             "serving %s with %d Ray Serve replica(s) (%s CPU each) on http://%s:%d through %s (%s)",

@@ -217,3 +217,27 @@ def test_ingress_auto_is_haproxy_where_serve_finds_its_binary(monkeypatch):
     assert replicas.resolve_ingress("auto") == "proxy"
     monkeypatch.setattr(replicas.shutil, "which", lambda name: "/usr/sbin/haproxy" if name == "haproxy" else None)
     assert replicas.resolve_ingress("auto") == "haproxy"
+
+
+def test_sigterm_while_deploying_stops_at_once_and_leaves_no_haproxy(bm25_index, tmp_path):
+    """A server told to stop before its replicas run (e.g. the trainer giving up on a slow start) does not wait for
+    the deployment: it exits within seconds, its local Ray and HAProxy gone."""
+    port = free_port()
+    env = {**_env(), "RETRIEVER_TOKEN": TOKEN}
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(bm25_index), "--replicas", "2"]
+    with log.open("w") as fh:
+        proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "Started Serve" not in log.read_text():  # Serve and its ingress are up, the replicas are being deployed
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    assert "replica(s)" not in log.read_text()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not haproxy_on(port), f"an HAProxy still listens on :{port}"
