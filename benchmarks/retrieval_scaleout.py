@@ -12,13 +12,16 @@ Configurations, each driven by the same closed-loop load generator in its OWN pr
 one keep-alive connection, one query per request, back to back; the first --warmup-s are not counted):
 
 * `single`     `python -m retrieval_server serve` (one uvicorn process, no Ray) on host 0's cores;
-* `serve-1r`   `serve --replicas 1 --replica-cpus K` with RAY_ADDRESS=<head>: one replica; the load goes to the
-               proxy of the host that holds it (one host's cores run the proxy and the replica);
+* `serve-1r`   `serve --replicas 1 --replica-cpus K --ingress I` with RAY_ADDRESS=<head>: one replica; the load
+               goes to the ingress of the host that holds it (one host's cores run the ingress and the replica);
 * `serve-2r`   `serve --replicas 2`: one replica per host; the load generator spreads its connections over both
-               hosts' proxies (each proxy balances over both replicas), so each added host brings its own proxy.
+               hosts' ingresses (each balances over both replicas), so each added host brings its own ingress.
+
+The ingress (`--ingress`, default auto = HAProxy on Linux; `proxy` = Serve's Python proxy) is fixed when Serve first
+starts on the harness's cluster, so one run measures one ingress.
 
 Prints a table (config, encoder, QPS, p50 ms, p99 ms, errors, p99/p50, and the hosts' CPU milliseconds per request
-by role -- the server or replicas, Serve's proxies, the rest of the node -- which says where a core's time goes), the
+by role -- the server or replicas, the ingress, the rest of the node -- which says where a core's time goes), the
 issue's targets beside the measured values (2 replicas on 2 hosts >= 1.8x the QPS of 1 replica with MiniLM; Serve
 with 1 replica within 10 % of the single server; p99 <= 2x p50), and last the line
 `2-replica / 1-replica QPS ratio (minilm): X.XX`.
@@ -26,6 +29,7 @@ with 1 replica within 10 % of the single server; p99 <= 2x p50), and last the li
     .venv/bin/python benchmarks/retrieval_scaleout.py                         # 20k docs, 20 s per config
     .venv/bin/python benchmarks/retrieval_scaleout.py --docs 2000 --duration-s 5 --warmup-s 2   # a smoke run (~3 min)
     .venv/bin/python benchmarks/retrieval_scaleout.py --cpus-per-host 4      # bigger hosts, on a >= 8-core machine
+    .venv/bin/python benchmarks/retrieval_scaleout.py --ingress proxy        # through Serve's Python proxy
 
 Time: the MiniLM index build dominates the first run (it encodes the corpus: 18 passages/s on 2 busy cores); it is
 cached. Then ~30 s for the cluster and, per configuration, 10-25 s to start plus warm-up + duration (~5 min in all
