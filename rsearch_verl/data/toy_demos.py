@@ -19,23 +19,18 @@ import math
 import random
 from dataclasses import dataclass
 
-from rsearch_verl.data.toy_world import (
+from rsearch_verl.data.toy_entities import (
     ANIMALS,
     COLOURS,
-    ONE_HOP,
     PHRASE,
     PROFESSIONS,
-    TWO_HOP,
-    TWO_HOP_SHARE,
     Entity,
-    World,
-    corpus_rows,
     fact_key,
     fact_sentence,
     make_side,
     name_pools,
-    question_pool,
 )
+from rsearch_verl.data.toy_world import ONE_HOP, TWO_HOP, TWO_HOP_SHARE, World, corpus_rows, question_pool
 from rsearch_verl.segments import OBSERVATION, POLICY
 
 

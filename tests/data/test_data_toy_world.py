@@ -9,7 +9,8 @@ import re
 import pytest
 
 from rsearch_verl.config import ToyWorldConfig
-from rsearch_verl.data.toy_world import COLOURS, PROFESSIONS, build_toy_world, generate, world_hash
+from rsearch_verl.data.toy_entities import COLOURS, PROFESSIONS
+from rsearch_verl.data.toy_world import build_toy_world, generate, world_hash
 
 KINDS = ("person", "city", "region")
 
@@ -197,7 +198,7 @@ def test_searching_each_hop_fact_finds_its_passage(world):
     by searching, and other facts that name the same entity, or share a name word, rank below it."""
     from retrieval_server.bm25 import BM25Index
     from rsearch_verl.data.toy_demos import question_attrs
-    from rsearch_verl.data.toy_world import fact_key
+    from rsearch_verl.data.toy_entities import fact_key
 
     passages = world.passages()
     ids = list(passages)
