@@ -136,7 +136,9 @@ def _answer_segments(text: str, answer: str, start: int, role: str) -> list[tupl
 
 
 def question_attrs(q: dict) -> list[str]:
-    """The attribute asked at each hop, recovered from the world's templates."""
+    """The attribute asked at each hop: the question's `path` (harder worlds), else recovered from the templates."""
+    if "path" in q:
+        return list(q["path"])
     for kind in ONE_HOP:
         for template, attr in ONE_HOP[kind]:
             if q["hops"] == 1 and template.format(s=q["entities"][0]) == q["question"]:

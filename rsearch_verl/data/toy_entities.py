@@ -56,6 +56,26 @@ def _name_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
     return out
 
 
+def variant_word(rng: random.Random, word: str, taken: set[str]) -> str:
+    """A new made-up word one syllable off `word` ("Baz" -> "Bax", "Kiro" -> "Kirae"): its last vowel and what
+    follows are redrawn. Like `_name_words`, it neither contains nor is contained in a word of `taken` (added to it)."""
+    low = word.lower()
+    cut = len(low) - 1
+    while cut > 0 and low[cut] not in "aeiouy":  # back to the last vowel group
+        cut -= 1
+    while cut > 0 and low[cut - 1] in "aeiouy":
+        cut -= 1
+    for _ in range(2_000):
+        new = low[:cut] + rng.choice(_NUCLEI) + rng.choice(_CODAS)
+        if not 4 <= len(new) <= 7 or not any(m in new for m in _EXOTIC):
+            continue
+        if any(new in t or t in new for t in taken):
+            continue
+        taken.add(new)
+        return new.capitalize()
+    raise ValueError(f"toy_world: no one-syllable variant of {word!r} left; lower toy_world.n_entities")
+
+
 def _kind_counts(n: int) -> dict[str, int]:
     n_regions = max(1, round(n * 0.1))
     n_cities = max(2, round(n * 0.28))
@@ -75,7 +95,7 @@ def name_pools(rng: random.Random, n_entities: int) -> dict[str, tuple[list[str]
     return pools
 
 
-def _names(rng: random.Random, kind: str, n: int, pools: dict, used: set[str]) -> list[str]:
+def draw_names(rng: random.Random, kind: str, n: int, pools: dict, used: set[str]) -> list[str]:
     """`n` unused names of `kind`. Once the train side has names, only words it already uses are combined (when
     there are enough such combinations), so every word of a val name also occurs in train names."""
     first, second = pools[kind]
@@ -101,7 +121,7 @@ def side_counts(n: int, side: str) -> dict[str, int]:
 def make_side(rng: random.Random, side: str, n: int, pools: dict, used: set[str]) -> list[Entity]:
     """One disconnected sub-world: relations never leave it."""
     counts = side_counts(n, side)
-    return populate(rng, side, lambda kind: _names(rng, kind, counts[kind], pools, used))
+    return populate(rng, side, lambda kind: draw_names(rng, kind, counts[kind], pools, used))
 
 
 def populate(rng: random.Random, side: str, names: Callable[[str], list[str]]) -> list[Entity]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from rsearch_verl.config import ToyWorldConfig
 from rsearch_verl.data.toy_entities import Entity, fact_sentence, make_side, name_pools, question_record
+from rsearch_verl.data.toy_world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
 
 logger = logging.getLogger(__name__)
 
@@ -134,14 +135,14 @@ def question_pool(entities: list[Entity]) -> tuple[list[dict], list[dict]]:
     return one, two
 
 
-def _pick(rng: random.Random, one: list[dict], two: list[dict], n: int, side: str) -> list[dict]:
+def _pick(rng: random.Random, one: list[dict], two: list[dict], n: int, side: str, share: float) -> list[dict]:
     if n > len(one) + len(two):
         raise ValueError(
             f"toy_world: the {side} side has only {len(one) + len(two)} questions but {n} were asked for; "
             "raise toy_world.n_entities or lower n_train / n_val"
         )
     one, two = rng.sample(one, len(one)), rng.sample(two, len(two))
-    n_two = min(len(two), round(n * TWO_HOP_SHARE))
+    n_two = min(len(two), round(n * share))
     n_one = min(len(one), n - n_two)
     n_two = n - n_one  # fill from 2-hop when 1-hop questions run short
     picked = one[:n_one] + two[:n_two]
@@ -154,22 +155,39 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
     rng = random.Random(f"toy-world-{cfg.seed}")
     n_val = max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
     pools, used = name_pools(rng, cfg.n_entities), set()
+    if uses_hard_generator(cfg):
+        return generate_hard(cfg, rng, pools, n_val)
     entities = make_side(rng, "train", cfg.n_entities - n_val, pools, used)
     entities += make_side(rng, "val", n_val, pools, used)
     corpus = corpus_rows(rng, entities, "tw")
     splits = {}
     for side, n in (("train", cfg.n_train), ("val", cfg.n_val)):
         one, two = question_pool([e for e in entities if e.side == side])
-        splits[side] = _pick(rng, one, two, n, side)
+        splits[side] = _pick(rng, one, two, n, side, cfg.two_hop_share)
     return entities, corpus, splits["train"], splits["val"]
 
 
 # ----------------------------------------------------------------------------------------------- cache
 
 
+def world_fields(cfg: ToyWorldConfig, cache_dir: bool = False) -> dict:
+    """The config as cache keys see it: every field (`cache_dir` only when asked), but the harder worlds' knobs only
+    where they differ from their defaults, so the keys of worlds that never set them (the default world's hash, its
+    manifest, the warm start's key) stayed what they were before the knobs existed."""
+    defaults = ToyWorldConfig()
+    fields = dataclasses.asdict(cfg)
+    return {
+        k: v
+        for k, v in fields.items()
+        if (cache_dir or k != "cache_dir") and (k not in KNOBS or v != getattr(defaults, k))
+    }
+
+
 def world_hash(cfg: ToyWorldConfig) -> str:
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
+    key = world_fields(cfg)
     key["version"] = GENERATOR_VERSION
+    if uses_hard_generator(cfg):
+        key["hard_version"] = HARD_VERSION
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -210,8 +228,9 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
         with open(os.path.join(tmp, "entities.json"), "w") as f:
             json.dump([dataclasses.asdict(e) for e in entities], f, indent=1)
         # cache_dir stays out: the files are the same wherever they are cached
-        config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
-        manifest = {"config": config, "hash": world_hash(cfg), "version": GENERATOR_VERSION}
+        manifest = {"config": world_fields(cfg), "hash": world_hash(cfg), "version": GENERATOR_VERSION}
+        if uses_hard_generator(cfg):
+            manifest["hard_version"] = HARD_VERSION
         manifest.update({"n_passages": len(corpus), "n_train": len(train), "n_val": len(val)})
         with open(os.path.join(tmp, "world.json"), "w") as f:
             json.dump(manifest, f, indent=1)
