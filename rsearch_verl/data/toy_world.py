@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 # Bump when the generator changes, so cached worlds built by older code are not reused.
 GENERATOR_VERSION = 3
 VAL_ENTITY_SHARE = 0.3  # of the entities; ~4 questions per person, so 30 % of 320 covers n_val=64 (half 2-hop)
-TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
+# The share of 2-hop questions is ToyWorldConfig.two_hop_share (0.5; filled with 1-hop ones when short).
 
 
 @dataclass
