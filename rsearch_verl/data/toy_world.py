@@ -15,10 +15,15 @@ the entities on its hop chain and its answer) comes from one side only: validati
 from training questions, only found in the corpus. Attribute values (colours, professions, years) and name words
 are shared; full names never are.
 
+Harder worlds (`data=toy_world_hard`: 3-hop questions, near-twin distractors, passages of several sentences, questions
+worded unlike the passages) come from rsearch_verl/data/toy_world_hard.py, which `generate` hands over to when the
+config's knobs ask for it; the entities and the fact phrasing both generators use are rsearch_verl/data/toy_entities.py.
+
 Files, cached under `cfg.cache_dir/<hash of the ToyWorldConfig>/` (built in a temp dir and renamed, so a half
 written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"id", "question",
-"golden_answers", "data_source": "toy_world_1hop" | "toy_world_2hop", "hops", "entities", "support"}`;
-`support` lists the passage ids of the hop chain), `entities.json`, `world.json` (written last = complete).
+"golden_answers", "data_source": "toy_world_1hop" | "toy_world_2hop" (| "toy_world_3hop"), "hops", "entities",
+"support"}`; `support` lists the passage ids of the hop chain; a harder world adds `path`, the attribute asked at each
+hop), `entities.json`, `world.json` (written last = complete).
 
 Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
@@ -27,6 +32,7 @@ Usage:
 CLI (build or find the cached world, print its paths and a few questions; `--corpus-out` copies the corpus, e.g. for
 launch/retriever.sh's CORPUS, see docs/quick_tour.md):
     .venv/bin/python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--corpus-out F.jsonl]
+    .venv/bin/python -m rsearch_verl.data.toy_world --data toy_world_hard   # the knobs of recipes/data/<name>.yaml
     python -m rsearch_verl.data.toy_tokenizer --protocols search_r1   # its tokenizer (data/toy_tokenizer.py)
 """
 
@@ -253,6 +259,19 @@ def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
             raise
 
 
+def _recipe_knobs(name: str) -> dict:
+    """The harder worlds' knobs a data recipe (recipes/data/<name>.yaml) sets under `toy_world`."""
+    from omegaconf import OmegaConf
+
+    from rsearch_verl.config import RECIPES_DIR
+
+    path = os.path.join(RECIPES_DIR, "data", f"{name}.yaml")
+    if not os.path.isfile(path):
+        raise SystemExit(f"toy_world: no data recipe {path}")
+    section = OmegaConf.to_container(OmegaConf.load(path)).get("toy_world") or {}
+    return {k: v for k, v in section.items() if k in KNOBS}
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -264,9 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-val", type=int, default=defaults.n_val)
     parser.add_argument("--cache-dir", default=defaults.cache_dir)
     parser.add_argument("--corpus-out", default=None, help="also copy the corpus JSONL here (for launch/retriever.sh)")
+    parser.add_argument("--data", default=None, help="the knobs (not the sizes) of recipes/data/NAME.yaml's toy_world")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir)
+    knobs = _recipe_knobs(args.data) if args.data else {}
+    cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir, **knobs)
     world = build_toy_world(cfg)
     if args.corpus_out:
         shutil.copyfile(world.corpus_path, args.corpus_out)

@@ -1,26 +1,29 @@
 """The harder toy world (`data=toy_world_hard`): the default world's generator with the ways real search is hard.
 
 Turned on by the `ToyWorldConfig` knobs beyond the sizes (rsearch_verl/config/schema.py; at their defaults the world is
-the default one, built by rsearch_verl/data/toy_world.py alone):
-  - `three_hop_share`: 3-hop questions ("In which region is the birthplace of the mentor of X located?") beside 1- and
-    2-hop ones, in the configured mix, and more question types (a person's mentor and birth year, a city's founding).
-  - `distractors`: near-twin entities whose name is one syllable off a real one ("Kiro Baz" / "Kiro Bax": one word
-    shared, the other a variant), on both sides; a third of a side's twins copy a name of the other side. Every fact
-    a twin shares with its original is redrawn, so a sloppy query or a sloppy read gets a wrong answer.
-  - `facts_per_passage` / `context_sentences`: a passage states several facts of its entity ("The birthplace of Kiro
-    Baz is Tul Vex.") among sentences that are never asked about, most naming a second entity of the same type as an
-    answer ("Kiro Baz later found work in the city of Tul Vem.", "Kiro Baz is not to be confused with Kiro Bax.").
+the default one, built by rsearch_verl/data/toy_world.py alone, byte for byte):
+  - `three_hop_share` (and `two_hop_share`): 3-hop questions ("In which region is the birthplace of the mentor of X
+    located?") beside 1- and 2-hop ones, and more question types (a person's mentor and birth year, a city's founding).
+  - `distractors`: near-twin entities, their name one syllable off a real one's ("Kiro Baz" / "Kiro Bax": one word
+    shared, the other a variant), on both sides; a third of a side's twins copy a name of the other side. Every
+    fact a twin shares with its original is redrawn, so a sloppy query or a sloppy read gets a wrong answer.
+  - `facts_per_passage` / `context_sentences`: each passage states its entity's asked facts ("The birthplace of Kiro
+    Baz is Tul Vex.") among sentences never asked about (CONTEXT: most name another entity or a value of an
+    answer's type, "Kiro Baz later found work far from the hometown, in the town of Tul Vem."; twins' notes) and
+    fillers, so every passage of an entity names it as often and has as many sentences.
   - `paraphrase`: questions worded unlike the passages ("Who taught Kiro Baz?" for "the mentor of Kiro Baz"). Their
-    cue words ("work", "city", "born", "student", "year", "animal") are the context sentences' words, not the facts',
-    so BM25 on the question text ranks the wrong passages of the entity (or its twin's) first, while the fact's key
-    finds its passage: a search has to be reformulated from the question.
+    cue words ("town", "born", "student", "shade", "province") are the context sentences' words, never those of the
+    passage holding the asked fact (`AVOID`), so BM25 on the question text ranks the entity's other passages (or
+    its namesakes') first, while the fact's key finds its passage: a search has to be reformulated.
 
-Each question record adds `path` (the attribute asked at each hop) to the default world's fields.
+Each question record adds `path` (the attribute asked at each hop) to the default world's fields. Measured (BM25 over
+the corpus, top 3, tests/data/test_data_toy_world_hard.py): the question text finds its first hop's passage for about a
+third of the questions, the fact's key for all of them.
 
-Usage (through the world; `tests/data/test_data_toy_world_hard.py` measures the retrieval property):
-    world = build_toy_world(ToyWorldConfig(three_hop_share=0.3, distractors=0.5, facts_per_passage=2,
-                                           context_sentences=2, paraphrase=True))   # recipes/data/toy_world_hard.yaml
-    .venv/bin/python -m rsearch_verl.data.toy_world --hard --seed 0    # build it, print its paths and a few questions
+Usage (through the world):
+    world = build_toy_world(ToyWorldConfig(three_hop_share=0.3, distractors=0.5, context_sentences=2,
+                                           paraphrase=True))   # the knobs of recipes/data/toy_world_hard.yaml
+    .venv/bin/python -m rsearch_verl.data.toy_world --data toy_world_hard   # build it, print its paths and questions
 """
 
 from __future__ import annotations
