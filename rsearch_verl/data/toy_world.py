@@ -179,21 +179,23 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
 def world_fields(cfg: ToyWorldConfig, cache_dir: bool = False) -> dict:
     """The config as cache keys see it: every field (`cache_dir` only when asked), but the harder worlds' knobs only
     where they differ from their defaults, so the keys of worlds that never set them (the default world's hash, its
-    manifest, the warm start's key) stayed what they were before the knobs existed."""
+    manifest, the warm start's key) stayed what they were before the knobs existed. A harder world adds its
+    generator's version: its caches, the warm start's too, move when that generator changes."""
     defaults = ToyWorldConfig()
     fields = dataclasses.asdict(cfg)
-    return {
+    out = {
         k: v
         for k, v in fields.items()
         if (cache_dir or k != "cache_dir") and (k not in KNOBS or v != getattr(defaults, k))
     }
+    if uses_hard_generator(cfg):
+        out["hard_version"] = HARD_VERSION
+    return out
 
 
 def world_hash(cfg: ToyWorldConfig) -> str:
     key = world_fields(cfg)
     key["version"] = GENERATOR_VERSION
-    if uses_hard_generator(cfg):
-        key["hard_version"] = HARD_VERSION
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -235,8 +237,6 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
             json.dump([dataclasses.asdict(e) for e in entities], f, indent=1)
         # cache_dir stays out: the files are the same wherever they are cached
         manifest = {"config": world_fields(cfg), "hash": world_hash(cfg), "version": GENERATOR_VERSION}
-        if uses_hard_generator(cfg):
-            manifest["hard_version"] = HARD_VERSION
         manifest.update({"n_passages": len(corpus), "n_train": len(train), "n_val": len(val)})
         with open(os.path.join(tmp, "world.json"), "w") as f:
             json.dump(manifest, f, indent=1)

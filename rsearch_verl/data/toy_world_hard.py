@@ -202,7 +202,7 @@ class SideNames:
     own: dict[str, list[str]]
     twins: dict[str, list[tuple[str, str]]]
 
-    def all(self, rng: random.Random, kind: str) -> list[str]:
+    def shuffled(self, rng: random.Random, kind: str) -> list[str]:
         """Own names and twins, shuffled together: twins take part in relations like any entity."""
         names = self.own[kind] + [twin for twin, _ in self.twins[kind]]
         return rng.sample(names, len(names))
@@ -232,7 +232,7 @@ def make_hard_sides(rng: random.Random, sides: list[SideNames], context: bool) -
     original's (on either side); with `context`, the facts never asked about too."""
     entities: list[Entity] = []
     for names in sides:
-        entities += populate(rng, names.side, lambda kind, names=names: names.all(rng, kind))
+        entities += populate(rng, names.side, lambda kind, names=names: names.shuffled(rng, kind))
     by_name = {e.name: e for e in entities}
     for names in sides:
         mine = [e for e in entities if e.side == names.side]
