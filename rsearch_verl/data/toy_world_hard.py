@@ -71,6 +71,7 @@ CONTEXT = {
     "teaching": Context("person", "{s} was a teacher who taught the trade in the town of {v}.", "city", "birthplace"),
     "family_trade": Context("person", "{s} was born into a family that made a living as {v}s.", "profession",
                             "profession"),
+    "school": Context("person", "{s} founded a small school in the town of {v}.", "city", "birthplace"),
     "peer": Context("person", "As a student, {s} shared a study with {v}.", "person", "mentor"),
     "travel": Context("person", "As a young student, {s} travelled across the province of {v}.", "region", None),
     "cloak": Context("person", "{s} mostly wore a cloak in a {v} shade.", "colour", "colour"),
@@ -78,6 +79,8 @@ CONTEXT = {
     "partner": Context("city", "{s} trades with the city of {v}.", "city", None),
     "visitors": Context("city", "Many traders from the province of {v} come to {s}.", "region", "region"),
     "road": Context("city", "{s} lies on the old road to the province of {v}.", "region", "region"),
+    "former": Context("city", "{s} was once part of the province of {v}.", "region", "region"),
+    "mascot": Context("city", "The people of {s} keep the {v} as a lucky creature.", "emblem", None),
     "market": Context("city", "A great market was founded in {s} in the year {v}.", "year", "founded"),
     "wildlife": Context("region", "The {v} is the most common creature in {s}.", "emblem", "emblem"),
     "neighbour": Context("region", "{s} borders the province of {v}.", "region", None),
@@ -179,15 +182,17 @@ def name_variants(pools: dict, seed: int) -> dict[str, str]:
     return {w: variant_word(rng, w, taken) for w in words}
 
 
-def twin_names(rng: random.Random, originals: list[str], n: int, variants: dict[str, str], used: set[str]):
-    """Up to `n` (twin, original) pairs: a twin keeps one word of its original and takes the other's variant."""
+def twin_names(rng: random.Random, originals: list[str], n: int, variants: dict, used: set[str], known: set | None):
+    """Up to `n` (twin, original) pairs: a twin keeps one word of its original and takes the other's variant (one
+    of the `known` words, when given)."""
     out = []
     for original in rng.sample(originals, len(originals)):
         if len(out) == n:
             break
         first, second = original.split()
         options = [f"{variants[first]} {second}", f"{first} {variants[second]}"]
-        twin = next((name for name in rng.sample(options, 2) if name not in used), None)
+        options = [name for name in options if known is None or set(name.split()) <= known]
+        twin = next((name for name in rng.sample(options, len(options)) if name not in used), None)
         if twin is not None:
             used.add(twin)
             out.append((twin, original))
@@ -202,10 +207,13 @@ class SideNames:
     own: dict[str, list[str]]
     twins: dict[str, list[tuple[str, str]]]
 
-    def shuffled(self, rng: random.Random, kind: str) -> list[str]:
-        """Own names and twins, shuffled together: twins take part in relations like any entity."""
+    def words(self) -> set[str]:
+        return {w for kind in self.own for name in self.shuffled(None, kind) for w in name.split()}
+
+    def shuffled(self, rng: random.Random | None, kind: str) -> list[str]:
+        """Own names and twins, shuffled together (by `rng`, if any): twins take part in relations like any entity."""
         names = self.own[kind] + [twin for twin, _ in self.twins[kind]]
-        return rng.sample(names, len(names))
+        return rng.sample(names, len(names)) if rng else names
 
 
 def side_names(rng: random.Random, side: str, n: int, pools: dict, used: set[str]) -> SideNames:
@@ -215,15 +223,18 @@ def side_names(rng: random.Random, side: str, n: int, pools: dict, used: set[str
 
 
 def add_twins(rng: random.Random, sides: list[SideNames], share: float, variants: dict, used: set[str]) -> None:
-    """`share` twins per own name on each side; with two sides a third of them copy the other side's names."""
-    for names in sides:
+    """`share` twins per own name on each side; with two sides a third of them copy the other side's names. The
+    second side's twins only use words the first side's names use (fewer twins when short): as in the default world,
+    every word of a held-out name also names training entities, so writing it is copying tokens seen in training."""
+    for k, names in enumerate(sides):
         others = [s for s in sides if s is not names]
+        known = sides[0].words() if k else None
         for kind, own in names.own.items():
             n = round(share * len(own))
             n_other = round(n * OTHER_SIDE_TWINS) if others else 0
-            pairs = twin_names(rng, own, n - n_other, variants, used)
+            pairs = twin_names(rng, own, n - n_other, variants, used, known)
             if n_other:
-                pairs += twin_names(rng, others[0].own[kind], n_other, variants, used)
+                pairs += twin_names(rng, others[0].own[kind], n_other, variants, used, known)
             names.twins[kind] = pairs
 
 

@@ -89,6 +89,9 @@ def test_near_twin_distractors_on_both_sides(world):
             # a sloppy read of a twin's passage gets a wrong answer: no asked fact is the same
             assert all(other.attrs.get(k) != v for k, v in e.attrs.items() if k in PHRASE), (e.name, other.name)
         assert any(by_name[e.attrs["twin_of"]].side != side for e in twins)  # namesakes across the split too
+    # as in the default world, every word of a held-out name (twins' variants too) also names training entities
+    words = {side: {w for e in world.entities if e.side == side for w in e.name.split()} for side in ("train", "val")}
+    assert words["val"] <= words["train"]
 
 
 def test_val_and_train_questions_stay_on_their_side(world):
@@ -126,7 +129,7 @@ def test_passages_have_several_sentences_and_name_other_entities(world):
 def test_bm25_finds_the_fact_by_its_key_but_mostly_not_by_the_question(tmp_path, seed):
     """With the retrieval server's BM25 index over the corpus, at top 3 (and the toy retriever's top 1), a search for
     the fact's key ("the mentor of X") returns the first hop's passage for (nearly) every question; the question
-    text itself finds it for at most 60 % of the questions of each hop count (measured: 22-44 %)."""
+    text itself finds it for at most 60 % of the questions of each hop count (measured: 21-38 %)."""
     from retrieval_server.bm25 import BM25Index
 
     world = build_toy_world(_hard_cfg(str(tmp_path), seed))
@@ -146,7 +149,7 @@ def test_bm25_finds_the_fact_by_its_key_but_mostly_not_by_the_question(tmp_path,
         key_hits = sum(q["support"][0] in b for q, _, b in rows) / len(rows)
         key_first = sum(q["support"][0] == b[0] for q, _, b in rows) / len(rows)
         assert key_hits >= 0.97 and key_first >= 0.95, (hops, key_hits, key_first)
-        assert question_hits <= 0.6 and key_hits - question_hits >= 0.35, (hops, question_hits)
+        assert question_hits <= 0.6 and key_hits - question_hits >= 0.4, (hops, question_hits)
     # every later hop too: the key of the fact it needs finds it
     hop_keys = [(fact_key(q["path"][h], q["entities"][h]), q["support"][h]) for q in qs for h in range(q["hops"])]
     found = top([key for key, _ in hop_keys], 3)
