@@ -5,7 +5,9 @@ the same name words, but with new name combinations and new facts, and never a v
 demonstrated about once, so a policy cannot lower its SFT loss by memorising question -> answer: it has to copy
 names from the question into its search and the answer out of the retrieved passage, which is what transfers to
 held-out entities. Each demonstration follows its protocol's `demo_format` (rsearch_verl/rollout/protocols/, checked
-with the protocol's own parser).
+with the protocol's own parser). On a harder world (rsearch_verl/data/toy_world_hard.py) the practice worlds come from
+its generator (twins, multi-sentence passages, paraphrased 1- to 3-hop questions) and are searched with the retrieval
+server's BM25 index; a demonstration still searches each hop's fact by its key, whatever the question's wording.
 
 Usage:
     from rsearch_verl.data.toy_demos import demonstrations
@@ -251,7 +253,7 @@ def demonstrations(
     tokenizer=None,
 ) -> list[dict]:
     """Synthetic, deliberately imperfect demonstrations for a warm-start SFT stage, on practice sub-worlds
-    (`practice_sides`: train-like entities, never a val one), half of them 2-hop.
+    (`practice_sides`: train-like entities, never a val one), in the world's mix of hops.
 
     With probability `p_no_search` the demonstration answers at once from "memory" (a guess of the right type,
     usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
