@@ -37,7 +37,7 @@ import numpy as np
 from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
-from rsearch_verl.data.toy_world import build_toy_world
+from rsearch_verl.data.toy_world import build_toy_world, world_fields
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
 
@@ -63,16 +63,23 @@ class Skills:
 
 class SkillProbe:
     """Runs the policy through the real agent loop (HF engine, the protocol's own parser and observation format)
-    on questions of a held-out practice world, searching that world's passages by their keys. `protocol`: the run's;
-    None builds it from `cfg` (for a caller that holds none: a script of its own)."""
+    on questions of a held-out practice world, searching its passages (toy_demos.practice_search). `protocol`: the
+    run's; None builds it from `cfg` (for a caller that holds none: a script of its own)."""
 
     def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, protocol: SearchProtocol, engine=None):
         from rsearch_verl.rollout.engines.hf import HFEngine
 
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
         rng = random.Random(PROBE_SEED)
-        n_two = min(len(side.two_hop), n_questions // 2)
-        questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
+        if side.three_hop:  # a harder world: its mix of hops
+            tw = cfg.data.toy_world
+            n_three = min(len(side.three_hop), round(n_questions * tw.three_hop_share))
+            n_two = min(len(side.two_hop), round(n_questions * tw.two_hop_share))
+            questions = rng.sample(side.one_hop, n_questions - n_two - n_three) + rng.sample(side.two_hop, n_two)
+            questions += rng.sample(side.three_hop, n_three)
+        else:
+            n_two = min(len(side.two_hop), n_questions // 2)
+            questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
         self.questions = questions
         self.protocol = protocol
         rows = [
@@ -207,7 +214,7 @@ def cache_key(cfg: RSearchConfig) -> str:
     not the RL seed, so RL seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
-    key = [dataclasses.asdict(model), cfg.rollout.protocol, dataclasses.asdict(cfg.data.toy_world)]
+    key = [dataclasses.asdict(model), cfg.rollout.protocol, world_fields(cfg.data.toy_world, cache_dir=True)]
     key += [cfg.retriever.topk, dataclasses.asdict(cfg.warm_start)]
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

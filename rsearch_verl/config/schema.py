@@ -68,6 +68,14 @@ class ToyWorldConfig(ConfigNode):
     n_train: int = 512
     n_val: int = 64
     cache_dir: str = "~/.cache/rsearch_verl/toy_world"
+    # What makes a world harder (data=toy_world_hard; rsearch_verl/data/toy_world_hard.py). At these defaults the world
+    # is the default one, byte for byte and under the same cache hash (fields at their default stay out of the key).
+    two_hop_share: float = 0.5  # wanted share of 2-hop questions in each split (the rest: 1-hop)
+    three_hop_share: float = 0.0  # wanted share of 3-hop ones ("the region of the birthplace of the mentor of X")
+    distractors: float = 0.0  # near-twin entities per entity: a name one syllable off ("Kiro Baz" / "Kiro Bax")
+    facts_per_passage: int = 1  # facts of one entity stated per passage
+    context_sentences: int = 0  # up to this many more sentences per passage: facts never asked, most naming another
+    paraphrase: bool = False  # questions worded unlike the passages (several templates per question type)
 
 
 @dataclass

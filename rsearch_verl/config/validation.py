@@ -22,6 +22,7 @@ from rsearch_verl.config.schema import (
     SFT_SCHEDULES,
     RSearchConfig,
     SFTConfig,
+    ToyWorldConfig,
     TrainerConfig,
     WarmStartConfig,
 )
@@ -49,6 +50,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _validate_rollout(cfg)
     _validate_health(cfg)
     _validate_warm_start(cfg.warm_start)
+    _validate_toy_world(cfg.data.toy_world)
     _validate_async(cfg)
     return freeze(cfg)
 
@@ -167,6 +169,15 @@ def validate_sft(sft: SFTConfig, key: str) -> None:
     for name in ("batch_size", "max_length"):
         _check(getattr(sft, name) >= 1, f"{key}.{name}", "must be >= 1")
     _check(sft.lr > 0, f"{key}.lr", "must be > 0")
+
+
+def _validate_toy_world(tw: ToyWorldConfig) -> None:
+    for name in ("two_hop_share", "three_hop_share"):
+        _check(0 <= getattr(tw, name) <= 1, f"data.toy_world.{name}", "must be in [0, 1]")
+    _check(tw.two_hop_share + tw.three_hop_share <= 1, "data.toy_world.three_hop_share", "with two_hop_share: <= 1")
+    _check(0 <= tw.distractors <= 1, "data.toy_world.distractors", "must be in [0, 1] (twins per entity)")
+    _check(tw.facts_per_passage >= 1, "data.toy_world.facts_per_passage", "must be >= 1")
+    _check(tw.context_sentences >= 0, "data.toy_world.context_sentences", "must be >= 0")
 
 
 def _validate_warm_start(ws: WarmStartConfig) -> None:

@@ -5,7 +5,9 @@ the same name words, but with new name combinations and new facts, and never a v
 demonstrated about once, so a policy cannot lower its SFT loss by memorising question -> answer: it has to copy
 names from the question into its search and the answer out of the retrieved passage, which is what transfers to
 held-out entities. Each demonstration follows its protocol's `demo_format` (rsearch_verl/rollout/protocols/, checked
-with the protocol's own parser).
+with the protocol's own parser). On a harder world (rsearch_verl/data/toy_world_hard.py) the practice worlds come from
+its generator (twins, multi-sentence passages, paraphrased 1- to 3-hop questions) and are searched with the retrieval
+server's BM25 index; a demonstration still searches each hop's fact by its key, whatever the question's wording.
 
 Usage:
     from rsearch_verl.data.toy_demos import demonstrations
@@ -17,25 +19,21 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rsearch_verl.data.toy_world import (
+from rsearch_verl.data.toy_entities import (
     ANIMALS,
     COLOURS,
-    ONE_HOP,
     PHRASE,
     PROFESSIONS,
-    TWO_HOP,
-    TWO_HOP_SHARE,
     Entity,
-    World,
-    corpus_rows,
     fact_key,
     fact_sentence,
     make_side,
     name_pools,
-    question_pool,
 )
+from rsearch_verl.data.toy_world import ONE_HOP, TWO_HOP, VAL_ENTITY_SHARE, World, corpus_rows, question_pool
+from rsearch_verl.data.toy_world_hard import practice_side, uses_hard_generator
 from rsearch_verl.segments import OBSERVATION, POLICY
 
 
@@ -53,10 +51,14 @@ def _run_sync(make_coro):
 
 
 def practice_search(side: PracticeSide, rng: random.Random):
-    """A SearchFn over a practice side's passages that looks like the retriever: the fact whose key ("the region of
-    Tul Vex") is the query first, then random other passages."""
+    """A SearchFn over a practice side's passages that looks like the retriever. The default world's: the fact whose
+    key ("the region of Tul Vex") is the query first, then random other passages (a search there finds its fact or
+    nothing). A harder world's (`side.bm25`): the retrieval server's own BM25 index over the side's passages, so a
+    demonstration sees what a search really returns there: twins, the entity's other passages, misses."""
     from rsearch_verl.search.types import Doc
 
+    if side.bm25:
+        return _bm25_search(side.passages)
     passages = side.passages
     ids = sorted(passages)
     by_key = {fact_key(attr, e.name).lower(): pid for e in side.entities for attr, pid in e.passage_ids.items()}
@@ -69,6 +71,24 @@ def practice_search(side: PracticeSide, rng: random.Random):
             hits += [pid for pid in rng.sample(ids, min(len(ids), topk + 1)) if pid not in hits]
             out.append([Doc(pid, passages[pid], score=1.0 - 0.1 * i) for i, pid in enumerate(hits[:topk])])
         return out
+
+    return search
+
+
+def _bm25_search(passages: dict[str, str]):
+    """A SearchFn over `passages` with the retrieval server's BM25 index class (bm25s; its tokenizer, k1 and b)."""
+    from retrieval_server.bm25 import BM25Index
+    from rsearch_verl.search.types import Doc
+
+    ids = sorted(passages)
+    index = BM25Index.build([[passages[pid] for pid in ids]])
+
+    async def search(queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
+        scores, rows = index.search(list(queries), k=topk)
+        return [
+            [Doc(ids[int(r)], passages[ids[int(r)]], score=float(x)) for r, x in zip(row, xs, strict=True)]
+            for row, xs in zip(rows, scores, strict=True)
+        ]
 
     return search
 
@@ -86,12 +106,15 @@ def _guess(entities: list[Entity], rng: random.Random, q: dict) -> str:
 
 
 def _plan(q: dict) -> str:
-    """The first thought names the fact to search first and, for 2 hops, the one after it ("Next, the region of
-    it."), so later decisions (one more hop? which fact?) are copies of the policy's own earlier text."""
+    """The first thought names the fact to search first and, for 2 or 3 hops, the ones after it ("Next, the region of
+    it."), so later decisions (one more hop? which fact?) are copies of the policy's own earlier text. It names the
+    facts as the passages do, whatever the question's wording: the reformulation a paraphrased question needs."""
     attrs, subject = question_attrs(q), q["entities"][0]
     if q["hops"] == 1:
         return f"I need {fact_key(attrs[0], subject)}."
-    return f"I need {fact_key(attrs[0], subject)}. Next, {PHRASE[attrs[1]]} of it."
+    if q["hops"] == 2:
+        return f"I need {fact_key(attrs[0], subject)}. Next, {PHRASE[attrs[1]]} of it."
+    return f"I need {fact_key(attrs[0], subject)}. Next, {PHRASE[attrs[1]]} of it, then {PHRASE[attrs[2]]} of that."
 
 
 def _final_thought(q: dict) -> str:
@@ -100,22 +123,33 @@ def _final_thought(q: dict) -> str:
     return fact_sentence(attr, subject, q["golden_answers"][0])
 
 
-def _search_segments(proto, q: dict, search, topk: int) -> list[tuple[str, str]]:
-    """One (search turn, observation) pair per hop, each searching the hop's fact by its key."""
+def _search_segments(proto, q: dict, search, topk: int) -> list[tuple[str, str]] | None:
+    """One (search turn, observation) pair per hop, each searching the hop's fact by its key; None when a search
+    misses its hop's passage (a real index can), as a demonstration must read the fact it restates."""
     think, call, _ = proto.demo_format
     attrs = question_attrs(q)
     segments: list[tuple[str, str]] = []
+    found: list[str] = []
+
+    async def recorded(queries: list[str], k: int, source: str = "local"):
+        docs = await search(queries, k, source)
+        found.extend(d.id for row in docs for d in row)
+        return docs
+
     for hop in range(q["hops"]):
         subject = q["entities"][hop]
         if hop == 0:
             thought = _plan(q)
-        else:
-            thought = f"{fact_sentence(attrs[0], q['entities'][0], subject)} Next, {fact_key(attrs[1], subject)}."
+        else:  # the last hop's fact restated, then the next hop's key
+            before = q["entities"][hop - 1]
+            thought = f"{fact_sentence(attrs[hop - 1], before, subject)} Next, {fact_key(attrs[hop], subject)}."
         turn = think.format(t=thought) + call.format(q=fact_key(attrs[hop], subject))
         action = proto.parse_turn(turn)
         if action.kind != "search" or not action.queries:
             raise ValueError(f"demonstrations: protocol {proto.name!r} does not parse the search turn {turn!r}")
-        obs = _run_sync(lambda a=action: proto.observe(a, search, topk))
+        obs = _run_sync(lambda a=action: proto.observe(a, recorded, topk))
+        if q["support"][hop] not in found:
+            return None
         segments += [("policy", turn), ("observation", obs)]
     return segments
 
@@ -141,7 +175,9 @@ def _answer_segments(text: str, answer: str, start: int, role: str) -> list[tupl
 
 
 def question_attrs(q: dict) -> list[str]:
-    """The attribute asked at each hop, recovered from the world's templates."""
+    """The attribute asked at each hop: the question's `path` (harder worlds), else recovered from the templates."""
+    if "path" in q:
+        return list(q["path"])
     for kind in ONE_HOP:
         for template, attr in ONE_HOP[kind]:
             if q["hops"] == 1 and template.format(s=q["entities"][0]) == q["question"]:
@@ -167,6 +203,19 @@ class PracticeSide:
     passages: dict[str, str]
     one_hop: list[dict]
     two_hop: list[dict]
+    three_hop: list[dict] = field(default_factory=list)
+    bm25: bool = False  # practice_search: a real BM25 index (harder worlds) rather than the exact-key lookup
+
+    def pick(self, rng: random.Random, two_share: float, three_share: float) -> dict:
+        """A question, 2- or 3-hop with the given chances (one draw; none when there are only 1-hop ones)."""
+        if not self.two_hop and not self.three_hop:
+            return rng.choice(self.one_hop)
+        r = rng.random()
+        if r < two_share and self.two_hop:
+            return rng.choice(self.two_hop)
+        if two_share <= r < two_share + three_share and self.three_hop:
+            return rng.choice(self.three_hop)
+        return rng.choice(self.one_hop)
 
 
 def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
@@ -181,6 +230,11 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
     sides = []
     for k in range(n_sides):
         rng = random.Random(f"practice-{seed}-{k}")
+        if uses_hard_generator(cfg):  # twins on top of the train side's own entities, as in the world
+            n_own = cfg.n_entities - max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
+            entities, passages, by_hops = practice_side(rng, cfg, pools, n_own, set(val_names), f"practice-{k}")
+            sides.append(PracticeSide(entities, passages, by_hops[1], by_hops[2], by_hops[3], bm25=True))
+            continue
         entities = make_side(rng, "train", n_side, pools, set(val_names))
         passages = {row["id"]: row["contents"] for row in corpus_rows(rng, entities, f"practice-{k}")}
         one, two = question_pool(entities)
@@ -199,7 +253,7 @@ def demonstrations(
     tokenizer=None,
 ) -> list[dict]:
     """Synthetic, deliberately imperfect demonstrations for a warm-start SFT stage, on practice sub-worlds
-    (`practice_sides`: train-like entities, never a val one), half of them 2-hop.
+    (`practice_sides`: train-like entities, never a val one), in the world's mix of hops.
 
     With probability `p_no_search` the demonstration answers at once from "memory" (a guess of the right type,
     usually wrong); otherwise it searches each hop's entity, sees the protocol's real observation of
@@ -220,13 +274,16 @@ def demonstrations(
     sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
     searches = [practice_search(side, rng) for side in sides]
     out = []
-    for _ in range(n):
+    shares = (world.cfg.two_hop_share, world.cfg.three_hop_share)
+    while len(out) < n:
         k = rng.randrange(len(sides))
         side = sides[k]
-        q = rng.choice(side.two_hop if side.two_hop and rng.random() < TWO_HOP_SHARE else side.one_hop)
+        q = side.pick(rng, *shares)
         searched = rng.random() >= p_no_search
         if searched:
             segments = _search_segments(proto, q, searches[k], topk)
+            if segments is None:
+                continue  # a search missed its fact: another question
             answer = q["golden_answers"][0]
             final = fmt[0].format(t=_final_thought(q)) + _evidence(side.passages, proto, q)
             segments += _answer_segments(final + fmt[2].format(a=answer), answer, len(final), "answer")

@@ -15,10 +15,15 @@ the entities on its hop chain and its answer) comes from one side only: validati
 from training questions, only found in the corpus. Attribute values (colours, professions, years) and name words
 are shared; full names never are.
 
+Harder worlds (`data=toy_world_hard`: 3-hop questions, near-twin distractors, passages of several sentences, questions
+worded unlike the passages) come from rsearch_verl/data/toy_world_hard.py, which `generate` hands over to when the
+config's knobs ask for it; the entities and the fact phrasing both generators use are rsearch_verl/data/toy_entities.py.
+
 Files, cached under `cfg.cache_dir/<hash of the ToyWorldConfig>/` (built in a temp dir and renamed, so a half
 written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"id", "question",
-"golden_answers", "data_source": "toy_world_1hop" | "toy_world_2hop", "hops", "entities", "support"}`;
-`support` lists the passage ids of the hop chain), `entities.json`, `world.json` (written last = complete).
+"golden_answers", "data_source": "toy_world_1hop" | "toy_world_2hop" (| "toy_world_3hop"), "hops", "entities",
+"support"}`; `support` lists the passage ids of the hop chain; a harder world adds `path`, the attribute asked at each
+hop), `entities.json`, `world.json` (written last = complete).
 
 Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
@@ -27,6 +32,7 @@ Usage:
 CLI (build or find the cached world, print its paths and a few questions; `--corpus-out` copies the corpus, e.g. for
 launch/retriever.sh's CORPUS, see docs/quick_tour.md):
     .venv/bin/python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--corpus-out F.jsonl]
+    .venv/bin/python -m rsearch_verl.data.toy_world --data toy_world_hard   # the knobs of recipes/data/<name>.yaml
     python -m rsearch_verl.data.toy_tokenizer --protocols search_r1   # its tokenizer (data/toy_tokenizer.py)
 """
 
@@ -36,43 +42,22 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rsearch_verl.config import ToyWorldConfig
+from rsearch_verl.data.toy_entities import Entity, fact_sentence, make_side, name_pools, question_record
+from rsearch_verl.data.toy_world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
 
 logger = logging.getLogger(__name__)
 
 # Bump when the generator changes, so cached worlds built by older code are not reused.
 GENERATOR_VERSION = 3
 VAL_ENTITY_SHARE = 0.3  # of the entities; ~4 questions per person, so 30 % of 320 covers n_val=64 (half 2-hop)
-TWO_HOP_SHARE = 0.5  # wanted share of 2-hop questions in each split (filled with 1-hop when short)
-
-_ONSETS = ["b", "d", "g", "k", "l", "m", "n", "r", "s", "t", "v", "z", "th", "dr", "kr", "vr", "zh", "qu", "sk", "x"]
-_NUCLEI = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "y"]
-_CODAS = ["", "", "", "", "n", "r", "l", "s", "x"]
-# Every name carries one of these, which keeps syllable strings away from real English words.
-_EXOTIC = ("z", "x", "q", "v", "th", "zh", "kr", "sk", "ae", "ei", "ou", "y")
-
-PROFESSIONS = [
-    "cartographer", "astronomer", "weaver", "glassblower", "botanist", "shipwright",
-    "archivist", "clockmaker", "herbalist", "sculptor", "mapmaker", "beekeeper",
-]  # fmt: skip
-COLOURS = ["teal", "crimson", "amber", "violet", "ochre", "indigo", "silver", "olive", "scarlet", "ivory"]
-ANIMALS = ["heron", "lynx", "stag", "otter", "falcon", "badger", "salamander", "wolf", "raven", "tortoise"]
-
-
-@dataclass
-class Entity:
-    name: str
-    kind: str  # "person" | "city" | "region"
-    side: str  # "train" | "val"
-    attrs: dict[str, str] = field(default_factory=dict)  # values are strings; relations hold entity names
-    passage_ids: dict[str, str] = field(default_factory=dict)  # attribute -> id of the passage stating it
+# The share of 2-hop questions is ToyWorldConfig.two_hop_share (0.5; filled with 1-hop ones when short).
 
 
 @dataclass
@@ -101,110 +86,11 @@ class World:
 # ----------------------------------------------------------------------------------------------- generation
 
 
-def _name_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
-    """`n` new distinct made-up words (2 syllables); none contains another, so word-boundary checks are exact."""
-    out: list[str] = []
-    for _ in range(200 * n + 10_000):
-        if len(out) == n:
-            break
-        word = "".join(rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(2))
-        if not 4 <= len(word) <= 7 or not any(m in word for m in _EXOTIC):
-            continue
-        if any(word in t or t in word for t in taken):
-            continue
-        taken.add(word)
-        out.append(word.capitalize())
-    if len(out) < n:
-        raise ValueError(f"toy_world: cannot make {n} more distinct names; lower toy_world.n_entities")
-    return out
-
-
-def _kind_counts(n: int) -> dict[str, int]:
-    n_regions = max(1, round(n * 0.1))
-    n_cities = max(2, round(n * 0.28))
-    return {"region": n_regions, "city": n_cities, "person": n - n_regions - n_cities}
-
-
-def name_pools(rng: random.Random, n_entities: int) -> dict[str, tuple[list[str], list[str]]]:
-    """Per kind, two pools of made-up words; a name is one word of each ("Kiro Baz"). Both sides draw from the
-    same pools (each word names train AND val entities), and the pools of different kinds are disjoint, so a word
-    says what it names. With one token per pool word (toy_tokenizer), writing a held-out name into a query or an
-    answer is a copy of tokens the policy has seen, never the recall of a name it has not."""
-    taken: set[str] = set()
-    pools = {}
-    for kind, count in _kind_counts(n_entities).items():
-        size = max(3, math.isqrt(3 * count) + 1)  # >= 3x more combinations than names
-        pools[kind] = (_name_words(rng, size, taken), _name_words(rng, size, taken))
-    return pools
-
-
-def _names(rng: random.Random, kind: str, n: int, pools: dict, used: set[str]) -> list[str]:
-    """`n` unused names of `kind`. Once the train side has names, only words it already uses are combined (when
-    there are enough such combinations), so every word of a val name also occurs in train names."""
-    first, second = pools[kind]
-    seen = {w for name in used for w in name.split()}
-    free = [f"{a} {b}" for a in first for b in second if f"{a} {b}" not in used]
-    known = [c for c in free if set(c.split()) <= seen]
-    if used and len(known) >= n:
-        free = known
-    if len(free) < n:
-        raise ValueError(f"toy_world: not enough {kind} names; lower toy_world.n_entities")
-    picked = rng.sample(free, n)
-    used.update(picked)
-    return picked
-
-
-def make_side(rng: random.Random, side: str, n: int, pools: dict, used: set[str]) -> list[Entity]:
-    """One disconnected sub-world: relations never leave it."""
-    counts = _kind_counts(n)
-    if counts["person"] < 3:
-        raise ValueError(f"toy_world.n_entities: too few entities for the {side} side ({n}); use >= 20 in all")
-    regions = [
-        Entity(w, "region", side, {"emblem": rng.choice(ANIMALS)})
-        for w in _names(rng, "region", counts["region"], pools, used)
-    ]
-    cities = [
-        Entity(w, "city", side, {"region": rng.choice(regions).name, "founded": str(rng.randint(900, 1600))})
-        for w in _names(rng, "city", counts["city"], pools, used)
-    ]
-    people: list[Entity] = []
-    for name in _names(rng, "person", counts["person"], pools, used):
-        attrs = {
-            "birthplace": rng.choice(cities).name,
-            "born": str(rng.randint(1700, 1950)),
-            "profession": rng.choice(PROFESSIONS),
-            "colour": rng.choice(COLOURS),
-        }
-        # Mentors come from earlier people, so the mentor graph is a forest (no cycles); most people have one.
-        if people and rng.random() < 0.85:
-            attrs["mentor"] = rng.choice(people).name
-        people.append(Entity(name, "person", side, attrs))
-    return regions + cities + people
-
-
-# How a fact names its attribute; passages, search queries and thoughts all use these phrases.
-PHRASE = {
-    "birthplace": "the birthplace", "born": "the birth year", "profession": "the profession",
-    "colour": "the favourite colour", "mentor": "the mentor", "region": "the region",
-    "founded": "the founding year", "emblem": "the emblem animal",
-}  # fmt: skip
-
-
-def fact_key(attr: str, name: str) -> str:
-    """What one searches for to find a fact: "the birthplace of Kiro Baz"."""
-    return f"{PHRASE[attr]} of {name}"
-
-
 def fact_passages(e: Entity) -> dict[str, str]:
     """attribute -> passage contents, one short passage per fact, titled by the entity:
     '"Kiro Baz"\nThe birthplace of Kiro Baz is Tul Vex.' A search for the fact's key finds exactly it, and the
     passage states the fact in the words a reader restates it in."""
     return {attr: f'"{e.name}"\n{fact_sentence(attr, e.name, value)}' for attr, value in e.attrs.items()}
-
-
-def fact_sentence(attr: str, name: str, value: str) -> str:
-    key = fact_key(attr, name)
-    return f"{key[0].upper()}{key[1:]} is {value}."
 
 
 def corpus_rows(rng: random.Random, entities: list[Entity], prefix: str) -> list[dict]:
@@ -245,35 +131,24 @@ def question_pool(entities: list[Entity]) -> tuple[list[dict], list[dict]]:
         for template, attr in ONE_HOP[e.kind]:
             if attr in e.attrs:
                 chain = [e.name] + ([e.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
-                one.append(_question(template.format(s=e.name), e.attrs[attr], 1, chain, [e.passage_ids[attr]]))
+                one.append(question_record(template.format(s=e.name), e.attrs[attr], 1, chain, [e.passage_ids[attr]]))
         for template, rel, attr in TWO_HOP[e.kind]:
             mid = by_name.get(e.attrs.get(rel, ""))
             if mid is not None and attr in mid.attrs:
                 chain = [e.name, mid.name] + ([mid.attrs[attr]] if attr in ("mentor", "birthplace", "region") else [])
                 support = [e.passage_ids[rel], mid.passage_ids[attr]]
-                two.append(_question(template.format(s=e.name), mid.attrs[attr], 2, chain, support))
+                two.append(question_record(template.format(s=e.name), mid.attrs[attr], 2, chain, support))
     return one, two
 
 
-def _question(text: str, answer: str, hops: int, chain: list[str], support: list[str]) -> dict:
-    return {
-        "question": text,
-        "golden_answers": [answer],
-        "data_source": f"toy_world_{hops}hop",
-        "hops": hops,
-        "entities": chain,
-        "support": support,
-    }
-
-
-def _pick(rng: random.Random, one: list[dict], two: list[dict], n: int, side: str) -> list[dict]:
+def _pick(rng: random.Random, one: list[dict], two: list[dict], n: int, side: str, share: float) -> list[dict]:
     if n > len(one) + len(two):
         raise ValueError(
             f"toy_world: the {side} side has only {len(one) + len(two)} questions but {n} were asked for; "
             "raise toy_world.n_entities or lower n_train / n_val"
         )
     one, two = rng.sample(one, len(one)), rng.sample(two, len(two))
-    n_two = min(len(two), round(n * TWO_HOP_SHARE))
+    n_two = min(len(two), round(n * share))
     n_one = min(len(one), n - n_two)
     n_two = n - n_one  # fill from 2-hop when 1-hop questions run short
     picked = one[:n_one] + two[:n_two]
@@ -286,21 +161,40 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
     rng = random.Random(f"toy-world-{cfg.seed}")
     n_val = max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
     pools, used = name_pools(rng, cfg.n_entities), set()
+    if uses_hard_generator(cfg):
+        return generate_hard(cfg, rng, pools, n_val)
     entities = make_side(rng, "train", cfg.n_entities - n_val, pools, used)
     entities += make_side(rng, "val", n_val, pools, used)
     corpus = corpus_rows(rng, entities, "tw")
     splits = {}
     for side, n in (("train", cfg.n_train), ("val", cfg.n_val)):
         one, two = question_pool([e for e in entities if e.side == side])
-        splits[side] = _pick(rng, one, two, n, side)
+        splits[side] = _pick(rng, one, two, n, side, cfg.two_hop_share)
     return entities, corpus, splits["train"], splits["val"]
 
 
 # ----------------------------------------------------------------------------------------------- cache
 
 
+def world_fields(cfg: ToyWorldConfig, cache_dir: bool = False) -> dict:
+    """The config as cache keys see it: every field (`cache_dir` only when asked), but the harder worlds' knobs only
+    where they differ from their defaults, so the keys of worlds that never set them (the default world's hash, its
+    manifest, the warm start's key) stayed what they were before the knobs existed. A harder world adds its
+    generator's version: its caches, the warm start's too, move when that generator changes."""
+    defaults = ToyWorldConfig()
+    fields = dataclasses.asdict(cfg)
+    out = {
+        k: v
+        for k, v in fields.items()
+        if (cache_dir or k != "cache_dir") and (k not in KNOBS or v != getattr(defaults, k))
+    }
+    if uses_hard_generator(cfg):
+        out["hard_version"] = HARD_VERSION
+    return out
+
+
 def world_hash(cfg: ToyWorldConfig) -> str:
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
+    key = world_fields(cfg)
     key["version"] = GENERATOR_VERSION
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -342,8 +236,7 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
         with open(os.path.join(tmp, "entities.json"), "w") as f:
             json.dump([dataclasses.asdict(e) for e in entities], f, indent=1)
         # cache_dir stays out: the files are the same wherever they are cached
-        config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
-        manifest = {"config": config, "hash": world_hash(cfg), "version": GENERATOR_VERSION}
+        manifest = {"config": world_fields(cfg), "hash": world_hash(cfg), "version": GENERATOR_VERSION}
         manifest.update({"n_passages": len(corpus), "n_train": len(train), "n_val": len(val)})
         with open(os.path.join(tmp, "world.json"), "w") as f:
             json.dump(manifest, f, indent=1)
@@ -366,6 +259,19 @@ def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
             raise
 
 
+def _recipe_knobs(name: str) -> dict:
+    """The harder worlds' knobs a data recipe (recipes/data/<name>.yaml) sets under `toy_world`."""
+    from omegaconf import OmegaConf
+
+    from rsearch_verl.config import RECIPES_DIR
+
+    path = os.path.join(RECIPES_DIR, "data", f"{name}.yaml")
+    if not os.path.isfile(path):
+        raise SystemExit(f"toy_world: no data recipe {path}")
+    section = OmegaConf.to_container(OmegaConf.load(path)).get("toy_world") or {}
+    return {k: v for k, v in section.items() if k in KNOBS}
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -377,9 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-val", type=int, default=defaults.n_val)
     parser.add_argument("--cache-dir", default=defaults.cache_dir)
     parser.add_argument("--corpus-out", default=None, help="also copy the corpus JSONL here (for launch/retriever.sh)")
+    parser.add_argument("--data", default=None, help="the knobs (not the sizes) of recipes/data/NAME.yaml's toy_world")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir)
+    knobs = _recipe_knobs(args.data) if args.data else {}
+    cfg = ToyWorldConfig(args.seed, args.n_entities, args.n_train, args.n_val, args.cache_dir, **knobs)
     world = build_toy_world(cfg)
     if args.corpus_out:
         shutil.copyfile(world.corpus_path, args.corpus_out)

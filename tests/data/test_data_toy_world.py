@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -9,7 +10,8 @@ import re
 import pytest
 
 from rsearch_verl.config import ToyWorldConfig
-from rsearch_verl.data.toy_world import COLOURS, PROFESSIONS, build_toy_world, generate, world_hash
+from rsearch_verl.data.toy_entities import COLOURS, PROFESSIONS
+from rsearch_verl.data.toy_world import build_toy_world, generate, world_hash
 
 KINDS = ("person", "city", "region")
 
@@ -29,6 +31,28 @@ def _mentions(text: str, name: str) -> bool:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     return build_toy_world(ToyWorldConfig(cache_dir=str(tmp_path_factory.mktemp("tw"))))
+
+
+# The default world (seed 0) as generator v3 built it before the harder worlds' knobs existed (sha256 of each file) and
+# its cache hash: cached worlds, their tokenizers and the warm starts are keyed by these, so they must not move.
+DEFAULT_WORLD_SHA256 = {
+    "corpus.jsonl": "62eea54f299a8b9a43187fbb186db8f950e666fb98fb03d5e6db0c42d45551fa",
+    "entities.json": "4729d389bd058c8e7defcabbbbbdda82cc223883e17f691a89e0032afbebfc4c",
+    "train.jsonl": "9d77ed2179c3f8e927313f8fd13d94cf6982718149404d78399883fbd730892e",
+    "val.jsonl": "bf0ac6eb68b50e70077b6128a423b846645f0d584fb43a664c4074b9bc507919",
+    "world.json": "e9184270db6e0ddc7f90690899ccf4857d9cae0fc104df3bb2427dfce9e96722",
+}
+
+
+def test_the_default_world_is_byte_for_byte_what_it_was(world):
+    from rsearch_verl.data.toy_world import world_fields
+
+    assert {name: hashlib.sha256(data).hexdigest() for name, data in _files(world).items()} == DEFAULT_WORLD_SHA256
+    assert os.path.basename(world.root) == world_hash(ToyWorldConfig()) == "b0f945b2a70f"
+    assert world_hash(ToyWorldConfig(seed=1)) == "49cf2ebca28c"
+    # knobs at their defaults stay out of every cache key (the warm start's keeps cache_dir, as it always did)
+    legacy = {"seed", "n_entities", "n_train", "n_val", "cache_dir"}
+    assert set(world_fields(ToyWorldConfig(), cache_dir=True)) == legacy
 
 
 def test_deterministic_for_a_seed(tmp_path):
@@ -197,7 +221,7 @@ def test_searching_each_hop_fact_finds_its_passage(world):
     by searching, and other facts that name the same entity, or share a name word, rank below it."""
     from retrieval_server.bm25 import BM25Index
     from rsearch_verl.data.toy_demos import question_attrs
-    from rsearch_verl.data.toy_world import fact_key
+    from rsearch_verl.data.toy_entities import fact_key
 
     passages = world.passages()
     ids = list(passages)

@@ -81,7 +81,7 @@ def test_sft_lowers_loss(tmp_path):
 def _scripted_probe(cfg, answer_right: bool, search: bool):
     """A probe whose engine writes the toy world's ideal trajectory (or a wrong answer / no search)."""
     from rsearch_verl.data.toy_demos import question_attrs
-    from rsearch_verl.data.toy_world import fact_key
+    from rsearch_verl.data.toy_entities import fact_key
     from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 
     tok = load_tokenizer(cfg.model)
