@@ -31,6 +31,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,10 @@ VARIANTS = {
     ],  # fmt: skip
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
+# --world: the toy world's data group (recipes/data/); the harder one is docs/toy_world_learning.md "A harder world"
+WORLDS = {"easy": [], "hard": ["data=toy_world_hard"]}
+DEFAULT_VARIANTS = {"easy": "ppo,ppo_nomask,grpo", "hard": "ppo,ppo_nomask,grpo,ppo_async1"}
+BOOTSTRAP = 10_000  # resamples of a paired effect's mean
 TARGET = 0.25  # held-out EM gain every run must reach
 
 
@@ -60,7 +65,7 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     """Run the main job for one cell; return its first and last validation rows and the wall time."""
     run_dir = os.path.join(args.out, f"{variant}-s{seed}-w{world}")
     cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[variant], *QUIET, f"trainer.run_dir={run_dir}"]
-    cmd += [f"seed={seed}", f"data.toy_world.seed={world}", "trainer.resume=disable", *args.extra]
+    cmd += [*WORLDS[args.world], f"seed={seed}", f"data.toy_world.seed={world}", "trainer.resume=disable", *args.extra]
     if args.steps is not None:
         cmd.append(f"trainer.total_steps={args.steps}")
     env = dict(os.environ)
@@ -103,7 +108,10 @@ def spread(values: list[float]) -> str:
 
 def report(rows: list[dict], variants: list[str]) -> list[str]:
     """The table's lines (printed and returned)."""
-    lines = [f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= +0.25':>9} {'searches/q':>14}"]
+    lines = [
+        f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= +0.25':>9} {'searches/q':>14}"
+        f" {'EM after min / median / max':>28}"
+    ]
     stopped = [r for r in rows if r.get("stopped")]  # no trained policy: a failed run, outside the EM spreads
     by_variant = {v: [r for r in rows if r["variant"] == v and not r.get("stopped")] for v in variants}
     for name, runs in by_variant.items():
@@ -114,8 +122,10 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
         s_before = statistics.median(r["searches_before"] for r in runs)
         s_after = statistics.median(r["searches_after"] for r in runs)
         searches = f"{s_before:.2f} -> {s_after:.2f}"
-        lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14}")
+        after = spread([r["em_after"] for r in runs]).replace("+", "")
+        lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14} {after:>28}")
     effects = _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
+    effects += _paired(by_variant, "grpo", "ppo", "GRPO vs PPO (EM after RL, grpo - ppo")
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
@@ -144,7 +154,17 @@ def _paired(by_variant: dict, a: str, b: str, title: str) -> list[str]:
     if not diffs:
         return []
     tail = f"; p10 / p90 {deciles(diffs)}" if len(diffs) > 1 else ""
+    low, high = bootstrap_ci(diffs)
+    tail += f"; mean {statistics.fmean(diffs):+.3f}, 95 % bootstrap CI [{low:+.3f}, {high:+.3f}]"
     return [f"{title}, {len(diffs)} pairs): {spread(diffs)}{tail}"]
+
+
+def bootstrap_ci(diffs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of paired differences (resampling the pairs; seeded)."""
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(BOOTSTRAP))
+    cut = (1 - level) / 2
+    return means[int(cut * (BOOTSTRAP - 1))], means[int((1 - cut) * (BOOTSTRAP - 1))]
 
 
 def _seed_effect(by_variant: dict, variant: str) -> list[str]:
@@ -162,7 +182,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="RL seeds 1..N")
     parser.add_argument("--worlds", type=int, default=3, help="toy world seeds 0..M-1")
-    parser.add_argument("--only", default="ppo,ppo_nomask,grpo", help="comma-separated variants: " + ",".join(VARIANTS))
+    parser.add_argument("--world", choices=sorted(WORLDS), default="easy", help="easy: the default toy world")
+    known = ",".join(VARIANTS)
+    parser.add_argument("--only", default=None, help=f"comma-separated variants of {known} (default: the world's)")
     parser.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the trainer group's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each then uses one torch thread)")
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     args.out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="rsearch-learning-"))
     os.makedirs(args.out, exist_ok=True)
-    variants = args.only.split(",")
+    variants = (args.only or DEFAULT_VARIANTS[args.world]).split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")

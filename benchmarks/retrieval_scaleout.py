@@ -72,12 +72,15 @@ START_TIMEOUT_S = 300.0
 # ----------------------------------------------------------------------------------------------------------------
 
 
-async def _guarded(coro, errors: list) -> None:
-    """A client whose connection broke counts one error instead of taking the whole run down."""
-    try:
-        await coro
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-        errors.append(repr(exc))
+async def _resilient(host: str, port: int, requests: list[bytes], offset: int, stop_at: float, out: list, broken: list):
+    """retrieval_throughput's client, reconnecting as an HTTP client does when its keep-alive connection is closed
+    under it (HAProxy closes idle ones when it reloads its configuration): each break counts one error."""
+    while time.perf_counter() < stop_at:
+        try:
+            await _client(host, port, requests, offset, stop_at, out)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            broken.append(repr(exc))
+            await asyncio.sleep(0.05)
 
 
 async def _load(urls: list[str], concurrency: int, duration: float, warmup: float, queries: list[str], topk: int):
@@ -93,7 +96,7 @@ async def _load(urls: list[str], concurrency: int, duration: float, warmup: floa
     clients = []
     for c in range(concurrency):
         host, port = addrs[c % len(addrs)]
-        clients.append(_guarded(_client(host, port, requests[(host, port)], c * step, stop_at, out), broken))
+        clients.append(_resilient(host, port, requests[(host, port)], c * step, stop_at, out, broken))
     await asyncio.gather(*clients)
     window = [(lat, ok) for t, lat, ok in out if measure_from <= t <= stop_at]
     lats = sorted(lat for lat, _ in window)

@@ -67,3 +67,17 @@ def test_finished_cells_are_read_back(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = bench.load_done(str(path))
     assert set(done) == {("grpo", 3, 2), ("ppo", 1, 0)} and done[("ppo", 1, 0)]["em_after"] == 0.5
+
+
+def test_effects_carry_a_paired_bootstrap_interval_of_their_mean():
+    bench = _bench()
+    rows = [_row("ppo", s, w, 0.0, 0.5) for s in (1, 2, 3) for w in (0, 1)]
+    rows += [_row("grpo", s, w, 0.0, 0.5 + 0.1 * s) for s in (1, 2, 3) for w in (0, 1)]  # +0.1 / +0.2 / +0.3
+    effect = next(line for line in bench.report(rows, ["ppo", "grpo"]) if line.startswith("GRPO vs PPO"))
+    assert "6 pairs" in effect and "+0.100 / +0.200 / +0.300" in effect and "mean +0.200" in effect
+    low, high = bench.bootstrap_ci([0.1, 0.2, 0.3] * 2)
+    assert 0.1 <= low < 0.2 < high <= 0.3  # inside the range of the differences, around their mean
+    assert bench.bootstrap_ci([0.25] * 4) == (0.25, 0.25)  # no spread, no interval
+    wide, narrow = bench.bootstrap_ci([-0.5, 0.5, -0.4, 0.6]), bench.bootstrap_ci([0.04, 0.06, 0.05, 0.05])
+    assert wide[1] - wide[0] > 10 * (narrow[1] - narrow[0])
+    assert bench.WORLDS["hard"] == ["data=toy_world_hard"] and "ppo_async1" in bench.DEFAULT_VARIANTS["hard"]
