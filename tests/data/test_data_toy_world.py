@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 
 import pytest
 
 from rsearch_verl.config import ToyWorldConfig
 from rsearch_verl.data.toy_entities import COLOURS, PROFESSIONS
 from rsearch_verl.data.toy_world import build_toy_world, generate, world_hash
+from rsearch_verl.testing.worlds import mentions, side_leaks
 
 KINDS = ("person", "city", "region")
 
@@ -22,10 +22,6 @@ def _files(world) -> dict[str, bytes]:
         with open(os.path.join(world.root, name), "rb") as f:
             out[name] = f.read()
     return out
-
-
-def _mentions(text: str, name: str) -> bool:
-    return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +88,7 @@ def test_names_are_made_up_unique_and_spelt_from_shared_words(world):
 
 
 def test_val_entities_never_in_train_questions(world):
-    sides = {side: [e.name for e in world.entities if e.side == side] for side in ("train", "val")}
-    assert sides["train"] and sides["val"]
-    for split, other in (("train", "val"), ("val", "train")):
-        for q in world.questions(split):
-            text = q["question"] + " " + " ".join(q["golden_answers"])
-            assert not [n for n in sides[other] if _mentions(text, n)], q
-            assert all(n in sides[split] for n in q["entities"]), q
+    assert side_leaks(world) == []
 
 
 def test_every_answer_is_in_the_hop_passages(world):
@@ -161,7 +151,7 @@ def test_demonstrations_follow_the_protocol(world, protocol):
     assert len({d["question"] for d in demos}) >= 36  # practice facts, hardly ever repeated: nothing to memorise
     for d in demos:
         text = d["prompt"] + "".join(t for _, t in d["segments"])
-        assert not [n for n in val_names if _mentions(text, n)]  # a held-out entity is never demonstrated
+        assert not [n for n in val_names if mentions(text, n)]  # a held-out entity is never demonstrated
         assert d["prompt"] == proto.build_prompt(d["question"], "base")
         roles = [role for role, _ in d["segments"]]
         assert roles[0] == roles[-1] == "policy" and set(roles) <= {"policy", "observation", "answer", "guess"}
@@ -174,7 +164,7 @@ def test_demonstrations_follow_the_protocol(world, protocol):
             observations = [t for role, t in d["segments"] if role == "observation"]
             two_hop = "the birthplace of" in d["question"] or " where " in d["question"]
             assert len(observations) == (2 if two_hop else 1)
-            assert _mentions(observations[-1], d["answer"])  # the retrieved passage really holds the answer
+            assert mentions(observations[-1], d["answer"])  # the retrieved passage really holds the answer
             for obs in observations:
                 assert obs.strip().startswith(proto.observation_open)
         else:

@@ -16,12 +16,9 @@ from rsearch_verl.data.toy_entities import PHRASE, fact_key, fact_sentence
 from rsearch_verl.data.toy_world import build_toy_world, world_fields, world_hash
 from rsearch_verl.data.toy_world_hard import KNOBS, QUESTIONS, uses_hard_generator
 from rsearch_verl.frozen import ConfigError
+from rsearch_verl.testing.worlds import mentions, side_leaks
 
 DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag", "tool_call"]
-
-
-def _mentions(text: str, name: str) -> bool:
-    return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
 def _hard_cfg(cache_dir: str, seed: int = 0) -> ToyWorldConfig:
@@ -95,12 +92,7 @@ def test_near_twin_distractors_on_both_sides(world):
 
 
 def test_val_and_train_questions_stay_on_their_side(world):
-    sides = {side: [e.name for e in world.entities if e.side == side] for side in ("train", "val")}
-    for split, other in (("train", "val"), ("val", "train")):
-        for q in world.questions(split):
-            text = q["question"] + " " + " ".join(q["golden_answers"])
-            assert not [n for n in sides[other] if _mentions(text, n)], q
-            assert all(n in sides[split] for n in q["entities"]), q
+    assert side_leaks(world) == []
 
 
 def test_each_support_chain_answers_its_question(world):
@@ -112,7 +104,7 @@ def test_each_support_chain_answers_its_question(world):
             text = passages[pid]
             assert text.startswith(f'"{chain[hop]}"\n')  # the hop's entity's passage ...
             assert fact_sentence(attr, chain[hop], chain[hop + 1]) in text  # ... states the hop's fact
-        assert _mentions(passages[q["support"][-1]], q["golden_answers"][0])  # the answer is a copyable span
+        assert mentions(passages[q["support"][-1]], q["golden_answers"][0])  # the answer is a copyable span
 
 
 def test_passages_have_several_sentences_and_name_other_entities(world):
@@ -171,10 +163,10 @@ def test_demonstrations_reformulate_every_question_type(world, protocol):
     for d in demos:
         text = "".join(t for _, t in d["segments"])
         assert proto.extract_answer(text).strip() == d["answer"]
-        assert not [n for n in val_names if _mentions(d["prompt"] + text, n)]
+        assert not [n for n in val_names if mentions(d["prompt"] + text, n)]
         observations = [t for role, t in d["segments"] if role == "observation"]
         policy = "".join(t for role, t in d["segments"] if role == "policy")
-        assert 1 <= len(observations) <= 3 and _mentions(observations[-1], d["answer"])
+        assert 1 <= len(observations) <= 3 and mentions(observations[-1], d["answer"])
         assert "I need the " in policy and " of " in policy  # the plan names the fact as the passages do
         hops[len(observations)] += 1
     assert set(hops) == {1, 2, 3} and min(hops.values()) >= 20
