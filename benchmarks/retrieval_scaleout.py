@@ -303,6 +303,7 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     host_cpus = [set(cpus[first + i * k : first + (i + 1) * k]) for i in range(n_hosts)] if pin else []
     logger.info("hosts pinned to cores %s", host_cpus if pin else "(not pinned)")
     cluster = NetnsCluster(n_hosts=n_hosts, cpus_per_host=k)
+    haproxy_before = haproxy_pids()
     rows: list[dict] = []
     try:
         cluster.start()
@@ -320,7 +321,16 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     finally:
         with shielded():
             cluster.stop()
+            for pid in haproxy_pids() - haproxy_before:  # `ray stop` leaves the HAProxy a node's Serve started
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
     return rows
+
+
+def haproxy_pids() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"}
 
 
 # ----------------------------------------------------------------------------------------------------------------
