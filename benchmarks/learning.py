@@ -20,6 +20,11 @@ checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped
     .venv/bin/python benchmarks/learning.py                           # 5 RL seeds x 3 worlds x 3 variants
     .venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo --out /tmp/grid
     .venv/bin/python benchmarks/learning.py --jobs 2                  # two runs at a time (1 torch thread each)
+    .venv/bin/python benchmarks/learning.py --world hard --seeds 4 --worlds 2 --jobs 2   # the harder world's grid
+
+`--world hard` runs `data=toy_world_hard` (3-hop questions, near-twin names, passages of three sentences, questions
+worded unlike the passages) with the variants PPO, PPO without masking, GRPO and PPO at staleness 1. Every paired
+effect (masking, GRPO vs PPO, staleness 1 vs 0) is printed with its spread and a 95 % bootstrap interval of its mean.
 
 Finished cells are kept in `<out>/results.jsonl`: rerunning with the same `--out` resumes the grid. Measured numbers
 are in docs/toy_world_learning.md.
