@@ -4,12 +4,13 @@
     REPLICAS=2 bash launch/retriever.sh                     # the same, with the script's other variables
 
 Each replica is a Ray actor that loads the index in its constructor (the index and the micro-batcher's threads do
-not pickle) and builds its app there (`@serve.ingress()` with `__serve_build_asgi_app__`); Serve's proxy runs on
-every node of the cluster and balances requests over the replicas, which Serve spreads over the nodes. The wire
+not pickle) and builds its app there (`@serve.ingress()` with `__serve_build_asgi_app__`); an ingress at HOST:PORT
+balances requests over the replicas, which Serve spreads over the nodes: Serve's HAProxy ingress by default on Linux
+(`--ingress`; each HAProxy forwards HTTP to the replicas' own HTTP servers) or its Python proxy on every node. The wire
 format, `/health`, the limits and the bearer token are the single server's: Search-R1's client and verl's search tool
 work against it unchanged. `check_health` runs a one-query search, so a replica whose index or threads broke is
-replaced by Serve, as is one whose process died; a request it had in flight is retried (by Serve's proxy, or by the
-search client on the 5xx it gets: rsearch_verl/search/client.py).
+replaced by Serve, as is one whose process died; a request it had in flight is retried (by the ingress, or by the
+search client on the 5xx or broken connection it gets: rsearch_verl/search/client.py).
 
 The cluster: `RAY_ADDRESS` (e.g. the head of a multi-host cluster) or, unset, a local Ray started by this process.
 The replica's threads follow its `--replica-cpus` (its Ray `num_cpus`), not the machine's core count. What replicas
