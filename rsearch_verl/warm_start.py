@@ -64,22 +64,18 @@ class Skills:
 class SkillProbe:
     """Runs the policy through the real agent loop (HF engine, the protocol's own parser and observation format)
     on questions of a held-out practice world, searching its passages (toy_demos.practice_search). `protocol`: the
-    run's; None builds it from `cfg` (for a caller that holds none: a script of its own)."""
+    run's (`protocol_for(cfg)` once per process)."""
 
     def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, protocol: SearchProtocol, engine=None):
         from rsearch_verl.rollout.engines.hf import HFEngine
 
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
         rng = random.Random(PROBE_SEED)
-        if side.three_hop:  # a harder world: its mix of hops
-            tw = cfg.data.toy_world
-            n_three = min(len(side.three_hop), round(n_questions * tw.three_hop_share))
-            n_two = min(len(side.two_hop), round(n_questions * tw.two_hop_share))
-            questions = rng.sample(side.one_hop, n_questions - n_two - n_three) + rng.sample(side.two_hop, n_two)
-            questions += rng.sample(side.three_hop, n_three)
-        else:
-            n_two = min(len(side.two_hop), n_questions // 2)
-            questions = rng.sample(side.one_hop, n_questions - n_two) + rng.sample(side.two_hop, n_two)
+        tw = cfg.data.toy_world  # the world's mix of hops (the default world: half 2-hop)
+        n_three = min(len(side.three_hop), int(n_questions * tw.three_hop_share))
+        n_two = min(len(side.two_hop), int(n_questions * tw.two_hop_share))
+        questions = rng.sample(side.one_hop, n_questions - n_two - n_three) + rng.sample(side.two_hop, n_two)
+        questions += rng.sample(side.three_hop, n_three)
         self.questions = questions
         self.protocol = protocol
         rows = [

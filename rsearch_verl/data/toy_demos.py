@@ -32,7 +32,7 @@ from rsearch_verl.data.toy_entities import (
     make_side,
     name_pools,
 )
-from rsearch_verl.data.toy_world import ONE_HOP, TWO_HOP, VAL_ENTITY_SHARE, World, corpus_rows, question_pool
+from rsearch_verl.data.toy_world import ONE_HOP, TWO_HOP, World, corpus_rows, n_val_entities, question_pool
 from rsearch_verl.data.toy_world_hard import practice_side, uses_hard_generator
 from rsearch_verl.segments import OBSERVATION, POLICY
 
@@ -231,7 +231,7 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
     for k in range(n_sides):
         rng = random.Random(f"practice-{seed}-{k}")
         if uses_hard_generator(cfg):  # twins on top of the train side's own entities, as in the world
-            n_own = cfg.n_entities - max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
+            n_own = cfg.n_entities - n_val_entities(cfg)
             entities, passages, by_hops = practice_side(rng, cfg, pools, n_own, set(val_names), f"practice-{k}")
             sides.append(PracticeSide(entities, passages, by_hops[1], by_hops[2], by_hops[3], bm25=True))
             continue
@@ -275,7 +275,9 @@ def demonstrations(
     searches = [practice_search(side, rng) for side in sides]
     out = []
     shares = (world.cfg.two_hop_share, world.cfg.three_hop_share)
-    while len(out) < n:
+    for _ in range(20 * n):  # a search misses its fact rarely (harder worlds); never forever
+        if len(out) == n:
+            break
         k = rng.randrange(len(sides))
         side = sides[k]
         q = side.pick(rng, *shares)
@@ -298,4 +300,6 @@ def demonstrations(
         out.append(
             {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched}
         )
+    if len(out) < n:
+        raise ValueError(f"demonstrations: only {len(out)} of {n} after {20 * n} draws (searches miss their facts)")
     return out

@@ -156,10 +156,15 @@ def _pick(rng: random.Random, one: list[dict], two: list[dict], n: int, side: st
     return [{"id": f"tw-{side}-{i:04d}", **q} for i, q in enumerate(picked)]
 
 
+def n_val_entities(cfg: ToyWorldConfig) -> int:
+    """How many of the `n_entities` are validation ones (a harder world's twins come on top)."""
+    return max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
+
+
 def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict], list[dict]]:
     """(entities, corpus rows, train questions, val questions), a pure function of cfg (not of cache_dir)."""
     rng = random.Random(f"toy-world-{cfg.seed}")
-    n_val = max(10, round(cfg.n_entities * VAL_ENTITY_SHARE))
+    n_val = n_val_entities(cfg)
     pools, used = name_pools(rng, cfg.n_entities), set()
     if uses_hard_generator(cfg):
         return generate_hard(cfg, rng, pools, n_val)
