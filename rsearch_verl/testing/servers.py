@@ -7,18 +7,17 @@ srv.should_exit = True; thread.join()
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import uvicorn
 
+from rsearch_verl.search.service import free_port
+
 
 def serve_in_thread(app, start_timeout_s: float = 20.0) -> tuple[uvicorn.Server, threading.Thread, str]:
     """Start `app` (any ASGI app) on a free loopback port; return once uvicorn says it has started."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
