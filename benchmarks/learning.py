@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from rsearch_verl.trainer.health import STOP_EXIT_CODE
 
@@ -210,21 +211,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     done = load_done(results_path)
     # worlds outermost: the first run of a world builds its warm start, which every later run of it reuses
     cells = [(v, s, w) for w in range(args.worlds) for s in range(1, args.seeds + 1) for v in variants]
-    todo = [c for c in cells if c not in done]
-    firsts = {}
-    for cell in todo:  # one run per world first, alone: concurrent runs must not build the same warm start twice
-        firsts.setdefault(cell[2], cell)
-    for cell in firsts.values():
-        done[cell] = _record(run_cell(*cell, args), results_path)
-    rest = [c for c in todo if c not in firsts.values()]
-    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for future in concurrent.futures.as_completed([pool.submit(run_cell, *c, args) for c in rest]):
-            row = future.result()  # recorded as it finishes: a crash later loses no finished cell
-            done[(row["variant"], row["seed"], row["world"])] = _record(row, results_path)
+    for row in run_cells([c for c in cells if c not in done], args):
+        done[(row["variant"], row["seed"], row["world"])] = _record(row, results_path)
     rows = [done[c] for c in cells]
     for line in report(rows, variants):
         print(line)  # noqa: T201 - the benchmark's table
     return rows
+
+
+def run_cells(todo: list[tuple], args) -> Iterator[dict]:
+    """Run the cells `args.jobs` at a time, yielding each row as it finishes (a crash later loses no finished cell).
+    A world's first cell builds its warm start, so the world's other cells wait for it (concurrent runs must not build
+    the same warm start twice); other worlds' cells run meanwhile."""
+    firsts: dict[int, tuple] = {}
+    for cell in todo:
+        firsts.setdefault(cell[2], cell)
+    later = {w: [c for c in todo if c[2] == w and c != first] for w, first in firsts.items()}
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        pending = {pool.submit(run_cell, *c, args): c for c in firsts.values()}
+        while pending:
+            finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                cell = pending.pop(future)
+                yield future.result()
+                if cell == firsts[cell[2]]:  # the world's warm start is cached now
+                    pending |= {pool.submit(run_cell, *c, args): c for c in later.pop(cell[2])}
 
 
 def _record(row: dict, path: str) -> dict:

@@ -81,3 +81,33 @@ def test_effects_carry_a_paired_bootstrap_interval_of_their_mean():
     wide, narrow = bench.bootstrap_ci([-0.5, 0.5, -0.4, 0.6]), bench.bootstrap_ci([0.04, 0.06, 0.05, 0.05])
     assert wide[1] - wide[0] > 10 * (narrow[1] - narrow[0])
     assert bench.WORLDS["hard"][0] == "data=toy_world_hard" and "ppo_async1" in bench.DEFAULT_VARIANTS["hard"]
+
+
+def test_a_worlds_runs_wait_for_its_first_while_other_worlds_run(monkeypatch):
+    """The grid's scheduler (the main job itself is tests/e2e/test_e2e_learning.py): a world's first run builds its
+    warm start alone; the world's other runs start only after it, while another world's runs go on."""
+    import threading
+    import time
+    import types
+
+    bench, events, lock = _bench(), [], threading.Lock()
+
+    def run_cell(variant, seed, world, args):
+        with lock:
+            events.append(("start", variant, seed, world))
+        time.sleep(0.3 if (variant, seed) == ("ppo", 1) and world == 1 else 0.02)  # world 1's warm start is slow
+        with lock:
+            events.append(("end", variant, seed, world))
+        return _row(variant, seed, world, 0.0, 0.5)
+
+    monkeypatch.setattr(bench, "run_cell", run_cell)
+    cells = [(v, s, w) for w in (0, 1) for s in (1, 2) for v in ("ppo", "grpo")]
+    rows = list(bench.run_cells(cells, types.SimpleNamespace(jobs=2)))
+    assert sorted((r["variant"], r["seed"], r["world"]) for r in rows) == sorted(cells)
+    for world in (0, 1):
+        first_end = events.index(("end", "ppo", 1, world))
+        others = [i for i, e in enumerate(events) if e[0] == "start" and e[3] == world and e[1:3] != ("ppo", 1)]
+        assert min(others) > first_end, events
+    # world 0's runs went on while world 1's first was still building: they did not wait for it
+    world0_done = max(i for i, e in enumerate(events) if e[0] == "end" and e[3] == 0)
+    assert world0_done < events.index(("end", "ppo", 1, 1)), events
