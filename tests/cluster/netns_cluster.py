@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import httpx
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -267,12 +268,20 @@ class NetnsCluster:
         if proc is None:
             return
         if proc.poll() is None:
+            below: list[psutil.Process] = []
+            with contextlib.suppress(psutil.NoSuchProcess):
+                below = psutil.Process(proc.pid).children(recursive=True)
             proc.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes on SIGTERM
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            # but not always all: the head's dashboard and runtime-env agents were seen outliving it (orphaned)
+            _, alive = psutil.wait_procs(below, timeout=5)
+            for leftover in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    leftover.kill()
 
     # ------------------------------------------------------------------------------------------------ stop
 
