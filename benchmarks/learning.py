@@ -8,7 +8,8 @@ has its own seed (model.warm_start_seed), so all RL seeds of a world start from 
 Variants: PPO (search_r1_ppo, the README's main job) with observation masking, the same without masking
 (`algorithm.mask_observations=false`, Search-R1's Table 4 ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts:
 the same 16 trajectories per step as PPO's 16 prompts) with masking, and PPO trained asynchronously with batches one
-update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the default grid, `--only ppo_async1`).
+update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the default grid, `--only ppo_async1`),
+REINFORCE++ on PPO's batch without a critic (`rpp`) and Dr.GRPO on GRPO's batch (`drgrpo`).
 
 Per variant: EM gain (after - before) min / median / max, the share of runs that gain >= +0.25, searches per
 question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
@@ -23,8 +24,9 @@ checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped
     .venv/bin/python benchmarks/learning.py --world hard --seeds 4 --worlds 2 --jobs 2   # the harder world's grid
 
 `--world hard` runs `data=toy_world_hard` (3-hop questions, near-twin names, passages of three sentences, questions
-worded unlike the passages) with the variants PPO, PPO without masking, GRPO and PPO at staleness 1. Every paired
-effect (masking, GRPO vs PPO, staleness 1 vs 0) is printed with its spread and a 95 % bootstrap interval of its mean.
+worded unlike the passages) with the variants PPO, PPO without masking, GRPO, PPO at staleness 1, REINFORCE++ and
+Dr.GRPO. Every paired effect (masking, GRPO vs PPO, staleness 1 vs 0, REINFORCE++ vs PPO, Dr.GRPO vs GRPO) is
+printed with its spread and a 95 % bootstrap interval of its mean.
 
 Finished cells are kept in `<out>/results.jsonl`: rerunning with the same `--out` resumes the grid. Measured numbers
 are in docs/toy_world_learning.md.
@@ -58,6 +60,9 @@ VARIANTS = {
         "trainer.max_staleness=1",
         "trainer.ray_num_cpus=2",
     ],  # fmt: skip
+    # no critic: REINFORCE++ on PPO's batch (16 prompts x 1), Dr.GRPO on GRPO's (4 prompts x 4)
+    "rpp": ["+recipe=search_r1_ppo", "algorithm.adv_estimator=reinforce_plus_plus"],
+    "drgrpo": ["+recipe=search_r1_drgrpo", "rollout.n=4", "data.train_batch_size=4"],
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 # --world: the toy world's data group (recipes/data/); the harder one is docs/toy_world_learning.md "A harder world"
@@ -67,7 +72,7 @@ WORLDS = {
     "easy": [],
     "hard": ["data=toy_world_hard", "warm_start.until_em=0.5", "warm_start.copy_epochs=32"],
 }
-DEFAULT_VARIANTS = {"easy": "ppo,ppo_nomask,grpo", "hard": "ppo,ppo_nomask,grpo,ppo_async1"}
+DEFAULT_VARIANTS = {"easy": "ppo,ppo_nomask,grpo", "hard": "ppo,ppo_nomask,grpo,ppo_async1,rpp,drgrpo"}
 BOOTSTRAP = 10_000  # resamples of a paired effect's mean
 TARGET = 0.25  # held-out EM gain every run must reach
 
@@ -138,6 +143,8 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     effects = _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
     effects += _paired(by_variant, "grpo", "ppo", "GRPO vs PPO (EM after RL, grpo - ppo")
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
+    effects += _paired(by_variant, "rpp", "ppo", "REINFORCE++ vs PPO (EM after RL, rpp - ppo")
+    effects += _paired(by_variant, "drgrpo", "grpo", "Dr.GRPO vs GRPO (EM after RL, drgrpo - grpo")
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
     head = by_variant.get("ppo") or next((r for r in by_variant.values() if r), None)
