@@ -97,16 +97,22 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
         return {**cell, "stopped": reason, "wall_s": round(wall, 1)}
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed:\n{proc.stderr[-3000:]}")
+    return {**cell, **read_run(run_dir), "wall_s": round(wall, 1)}
+
+
+def read_run(run_dir: str) -> dict:
+    """Held-out EM and searches per question before the first update and after the last one, and EM after by
+    question type (the validation's per-source EM, e.g. toy_world_2hop)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         vals = [row for row in map(json.loads, f) if "val/em" in row]
     before, after = vals[0], vals[-1]
+    by_type = {key.split("/")[1]: v for key, v in after.items() if key.startswith("val/") and key.endswith("/em")}
     return {
-        **cell,
         "em_before": before["val/em"],
         "em_after": after["val/em"],
         "searches_before": before["val/searches_mean"],
         "searches_after": after["val/searches_mean"],
-        "wall_s": round(wall, 1),
+        "em_after_by_type": {k: v for k, v in sorted(by_type.items()) if k != "em"},
     }
 
 
@@ -140,6 +146,7 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
         searches = f"{s_before:.2f} -> {s_after:.2f}"
         after = spread([r["em_after"] for r in runs]).replace("+", "")
         lines.append(f"{name:<11} {len(runs):>4} {spread(gains):>28} {share:>9.0%} {searches:>14} {after:>28}")
+    lines += _by_type(by_variant)
     effects = _paired(by_variant, "ppo", "ppo_nomask", "masking effect (EM after RL, ppo - ppo_nomask")
     effects += _paired(by_variant, "grpo", "ppo", "GRPO vs PPO (EM after RL, grpo - ppo")
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
@@ -156,6 +163,20 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     lines.append(
         f"worst run of {worst['variant']}: {gain} (seed {worst['seed']}, world {worst['world']}; target >= +{TARGET})"
     )
+    return lines
+
+
+def _by_type(by_variant: dict) -> list[str]:
+    """EM after RL by question type, median over each variant's runs (rows that record it)."""
+    lines = []
+    for name, runs in by_variant.items():
+        by_type: dict[str, list[float]] = {}
+        for run in runs:
+            for kind, em in run.get("em_after_by_type", {}).items():
+                by_type.setdefault(kind, []).append(em)
+        if by_type:
+            cells = ", ".join(f"{kind} {statistics.median(ems):.2f}" for kind, ems in sorted(by_type.items()))
+            lines.append(f"  {name}: EM after by question type (median): {cells}")
     return lines
 
 

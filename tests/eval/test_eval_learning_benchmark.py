@@ -111,3 +111,12 @@ def test_a_worlds_runs_wait_for_its_first_while_other_worlds_run(monkeypatch):
     # world 0's runs went on while world 1's first was still building: they did not wait for it
     world0_done = max(i for i, e in enumerate(events) if e[0] == "end" and e[3] == 0)
     assert world0_done < events.index(("end", "ppo", 1, 1)), events
+
+
+def test_em_after_by_question_type_is_the_median_over_runs():
+    bench = _bench()
+    rows = [_row("ppo", s, 0, 0.0, 0.5) for s in (1, 2, 3)]
+    for row, (one, two) in zip(rows, [(0.9, 0.1), (0.7, 0.3), (0.8, 0.6)], strict=True):
+        row["em_after_by_type"] = {"toy_world_1hop": one, "toy_world_2hop": two}
+    lines = bench.report(rows, ["ppo"])
+    assert "  ppo: EM after by question type (median): toy_world_1hop 0.80, toy_world_2hop 0.30" in lines, lines
