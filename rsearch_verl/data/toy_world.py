@@ -265,7 +265,8 @@ def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
 
 
 def _recipe_knobs(name: str) -> dict:
-    """The harder worlds' knobs a data recipe (recipes/data/<name>.yaml) sets under `toy_world`."""
+    """The harder worlds' knobs a data recipe (recipes/data/<name>.yaml) sets under `toy_world` (`data.toy_world` in a
+    recipe of the global package, which also sets the world's warm start)."""
     from omegaconf import OmegaConf
 
     from rsearch_verl.config import RECIPES_DIR
@@ -273,7 +274,8 @@ def _recipe_knobs(name: str) -> dict:
     path = os.path.join(RECIPES_DIR, "data", f"{name}.yaml")
     if not os.path.isfile(path):
         raise SystemExit(f"toy_world: no data recipe {path}")
-    section = OmegaConf.to_container(OmegaConf.load(path)).get("toy_world") or {}
+    recipe = OmegaConf.to_container(OmegaConf.load(path))
+    section = recipe.get("toy_world") or (recipe.get("data") or {}).get("toy_world") or {}
     return {k: v for k, v in section.items() if k in KNOBS}
 
 

@@ -49,6 +49,18 @@ def test_the_recipe_turns_the_knobs_on_and_the_default_keeps_them_out_of_its_key
             load_config(["+recipe=search_r1_ppo", "data=toy_world_hard", f"data.toy_world.{bad}"])
 
 
+def test_the_recipe_sets_its_warm_starts_gate_and_the_default_world_keeps_its_own():
+    """The harder world's copy probe rose to ~0.5 and never to 0.7 (docs/toy_world_learning.md): its data group sets
+    the gate; the command line still overrides it; the default world's warm start is untouched."""
+    hard = load_config(["+recipe=search_r1_grpo", "data=toy_world_hard"])
+    assert (hard.warm_start.until_em, hard.warm_start.copy_epochs) == (0.5, 32)
+    assert hard.data.source == "toy_world" and hard.data.train_batch_size == 16  # the toy world's sizes underneath
+    default = load_config(["+recipe=search_r1_grpo"]).warm_start
+    assert (default.until_em, default.copy_epochs) == (0.7, 24)
+    moved = load_config(["+recipe=search_r1_ppo", "data=toy_world_hard", "warm_start.until_em=0.6"]).warm_start
+    assert moved.until_em == 0.6
+
+
 def test_questions_come_in_the_configured_mix_of_hops(world):
     cfg = world.cfg
     for split, n in (("train", cfg.n_train), ("val", cfg.n_val)):
