@@ -131,6 +131,9 @@ SKIP = {
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_toolcall_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo seed=3 data.toy_world.seed=1": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo data=toy_world_hard seed=5 data.toy_world.seed=2": (
+        _TRAINING
+    ),
     # benchmarks of minutes to hours
     ".venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_grpo --out /tmp/smol_gr --sft-demos 48 "
     "--p-no-search 0.3 --probe-questions 8 --rl-steps 10 --val-questions 16 --seed 0": "SmolLM2 SFT + 10 RL steps "
@@ -141,6 +144,8 @@ SKIP = {
     "--sft-demos 48 --p-no-search 0 --probe-questions 8 --rl-steps 0 --seed 0": "SmolLM2 SFT (tens of minutes)",
     ".venv/bin/python benchmarks/learning.py --out /tmp/grid --jobs 2": "the 15-run learning grid (hours)",
     ".venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo": "two full training runs (~30 min)",
+    ".venv/bin/python benchmarks/learning.py --world hard --seeds 4 --worlds 2 --jobs 2 --out /tmp/hardgrid": "the "
+    "harder world's 48-run grid (~45 min)",
     ".venv/bin/python benchmarks/retrieval_throughput.py --n-docs 5000 --duration 8 --warmup 2": "a 75 s load test "
     "(over the minute a command may take here)",
     "CORPUS=/data/wiki-18.jsonl ENCODER=e5 INDEX_TYPE=ivfpq_rerank INDEX_DIR=/data/indexes/wiki18_e5_ivfpq_rerank "
