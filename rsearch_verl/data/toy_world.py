@@ -265,18 +265,15 @@ def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
 
 
 def _recipe_knobs(name: str) -> dict:
-    """The harder worlds' knobs a data recipe (recipes/data/<name>.yaml) sets under `toy_world` (`data.toy_world` in a
-    recipe of the global package, which also sets the world's warm start)."""
-    from omegaconf import OmegaConf
+    """The harder worlds' knobs `data=<name>` (recipes/data/<name>.yaml) sets, as Hydra composes them (under any
+    recipe: the data group alone decides `data.toy_world`)."""
+    from rsearch_verl.config import load_config
 
-    from rsearch_verl.config import RECIPES_DIR
-
-    path = os.path.join(RECIPES_DIR, "data", f"{name}.yaml")
-    if not os.path.isfile(path):
-        raise SystemExit(f"toy_world: no data recipe {path}")
-    recipe = OmegaConf.to_container(OmegaConf.load(path))
-    section = recipe.get("toy_world") or (recipe.get("data") or {}).get("toy_world") or {}
-    return {k: v for k, v in section.items() if k in KNOBS}
+    try:
+        world = load_config(["+recipe=search_r1_ppo", f"data={name}"]).data.toy_world
+    except Exception as exc:  # noqa: BLE001 - Hydra's missing-config error, or our ConfigError: say which name
+        raise SystemExit(f"toy_world: data={name} does not compose ({exc})") from exc
+    return {k: getattr(world, k) for k in KNOBS}
 
 
 def main(argv: list[str] | None = None) -> None:

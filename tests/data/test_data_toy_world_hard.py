@@ -236,3 +236,14 @@ def test_the_tokenizer_keeps_every_name_word_one_token(world):
         assert len(tok.tokenize(" " + word)) == 1 and len(tok.tokenize(word)) == 1, word
     text = world.passages()[world.entities[-1].passage_ids["colour"]]
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_the_cli_builds_the_world_the_data_group_composes(tmp_path, capsys):
+    from rsearch_verl.data.toy_world import main
+
+    main(["--data", "toy_world_hard", "--cache-dir", str(tmp_path)])
+    paths = dict(line.split("\t", 1) for line in capsys.readouterr().out.splitlines() if "\t" in line)
+    hard = load_config(["+recipe=search_r1_ppo", "data=toy_world_hard"]).data.toy_world
+    assert f"/{world_hash(dataclasses.replace(hard, cache_dir=str(tmp_path)))}/" in paths["corpus"]
+    with pytest.raises(SystemExit, match="data=nope does not compose"):
+        main(["--data", "nope", "--cache-dir", str(tmp_path)])

@@ -80,7 +80,7 @@ def test_effects_carry_a_paired_bootstrap_interval_of_their_mean():
     assert bench.bootstrap_ci([0.25] * 4) == (0.25, 0.25)  # no spread, no interval
     wide, narrow = bench.bootstrap_ci([-0.5, 0.5, -0.4, 0.6]), bench.bootstrap_ci([0.04, 0.06, 0.05, 0.05])
     assert wide[1] - wide[0] > 10 * (narrow[1] - narrow[0])
-    assert bench.WORLDS["hard"][0] == "data=toy_world_hard" and "ppo_async1" in bench.DEFAULT_VARIANTS["hard"]
+    assert bench.WORLDS["hard"] == ["data=toy_world_hard"] and "ppo_async1" in bench.DEFAULT_VARIANTS["hard"]
 
 
 def test_a_worlds_runs_wait_for_its_first_while_other_worlds_run(monkeypatch):
