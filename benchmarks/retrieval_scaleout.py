@@ -61,6 +61,7 @@ from netns_cluster import SHARED_ROOT, NetnsCluster, ray_env  # noqa: E402
 from retrieval_throughput import _client, _env, _free_port, _get_json, _request_bytes, prepare_index  # noqa: E402
 
 from retrieval_server.config import INGRESSES  # noqa: E402
+from retrieval_server.replicas import haproxy_pids  # noqa: E402
 
 logger = logging.getLogger("retrieval_scaleout")
 CONFIGS = ("single", "serve-1r", "serve-2r")
@@ -325,12 +326,6 @@ def run_all(args: argparse.Namespace) -> list[dict]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
     return rows
-
-
-def haproxy_pids() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"}
 
 
 # ----------------------------------------------------------------------------------------------------------------

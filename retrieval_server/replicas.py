@@ -174,21 +174,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def stop_node_haproxy(node_id: str) -> int:
-    """SIGTERM the HAProxy processes Serve started for `node_id` (their config lives under a directory named by the
-    node id); returns how many. Ray kills its own workers when a local Ray shuts down, but not the HAProxy processes
-    a worker forked, which would then hold the port (and HAProxy's stats ports) against the next start."""
-    killed = 0
+def haproxy_pids(node_id: str | None = None) -> set[int]:
+    """The HAProxy processes on this host; with `node_id`, only those Serve started for that Ray node (their config
+    lives under a directory named by the node id)."""
+    found = set()
     for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 argv = fh.read().split(b"\0")
         except OSError:
             continue
-        if argv and os.path.basename(argv[0]) == b"haproxy" and any(node_id.encode() in a for a in argv):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGTERM)
-                killed += 1
+        if (
+            argv
+            and os.path.basename(argv[0]) == b"haproxy"
+            and (node_id is None or any(node_id.encode() in a for a in argv))
+        ):
+            found.add(int(pid))
+    return found
+
+
+def stop_node_haproxy(node_id: str) -> int:
+    """SIGTERM the HAProxy processes Serve started for `node_id`; returns how many. Ray kills its own workers when a
+    local Ray shuts down, but not the HAProxy processes a worker forked, which would then hold the port (and
+    HAProxy's stats ports) against the next start."""
+    killed = 0
+    for pid in haproxy_pids(node_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            killed += 1
     return killed
 
 

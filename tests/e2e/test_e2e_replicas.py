@@ -16,6 +16,7 @@ import psutil
 import pytest
 from e2e_helpers import FAST, ROOT, child_env, main_cmd, read_metrics
 
+from retrieval_server.replicas import haproxy_pids
 from rsearch_verl.testing.processes import descendants
 
 REPLICA = "ServeReplica:retriever:RetrieverReplica"
@@ -23,10 +24,6 @@ REPLICA = "ServeReplica:retriever:RetrieverReplica"
 
 def replicas_of(proc: subprocess.Popen) -> list[psutil.Process]:
     return descendants(proc.pid, REPLICA)
-
-
-def haproxy_pids() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"}
 
 
 def wait_until(cond, proc: subprocess.Popen, timeout: float, what: str) -> float:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from conftest import REPO, Server, _env, free_port, wait_healthy
 
+from retrieval_server.replicas import haproxy_pids
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.search.client import SearchClient
 
@@ -73,12 +74,11 @@ def replicated(bm25_index, tmp_path_factory) -> Server:
 
 def haproxy_on(port: int) -> bool:
     """Whether some HAProxy process was started for this port (its config file names the port)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in haproxy_pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             conf = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == b"-f"), None)
-            serves = conf is not None and f":{port}".encode() in Path(conf.decode()).read_bytes()
-            if serves and os.path.basename(argv[0]) == b"haproxy":
+            if conf is not None and f":{port}".encode() in Path(conf.decode()).read_bytes():
                 return True
         except OSError:
             continue
