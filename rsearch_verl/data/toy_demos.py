@@ -242,6 +242,19 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
     return sides
 
 
+def _demo_protocol(protocol_name: str, tokenizer, variant: str):
+    """The paper's protocol as the demonstration format writes it (default kwargs) and its demo format."""
+    from rsearch_verl.rollout.protocols import get_protocol
+
+    proto = get_protocol(protocol_name)
+    fmt = getattr(proto, "demo_format", None)
+    if fmt is None:
+        raise ValueError(f"demonstrations: protocol {protocol_name!r} has no demo_format")
+    if tokenizer is not None:
+        proto.bind_tokenizer(tokenizer, chat=variant == "instruct")
+    return proto, fmt
+
+
 def demonstrations(
     world: World,
     protocol_name: str,
@@ -262,14 +275,7 @@ def demonstrations(
     target) or "guess" (the value of a from-memory answer: context only). `tokenizer`: the policy's, for protocols
     whose observations follow its chat template (tool_call with `variant="instruct"`), as the rollouts' do.
     """
-    from rsearch_verl.rollout.protocols import get_protocol
-
-    proto = get_protocol(protocol_name)  # the paper's protocol as the demonstration format writes it (default kwargs)
-    fmt = getattr(proto, "demo_format", None)
-    if fmt is None:
-        raise ValueError(f"demonstrations: protocol {protocol_name!r} has no demo_format")
-    if tokenizer is not None:
-        proto.bind_tokenizer(tokenizer, chat=variant == "instruct")
+    proto, fmt = _demo_protocol(protocol_name, tokenizer, variant)
     rng = random.Random(f"demos-{seed}-{protocol_name}")
     sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
     searches = [practice_search(side, rng) for side in sides]
