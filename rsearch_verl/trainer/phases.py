@@ -123,21 +123,24 @@ def rollout_metrics(batch: DataProto) -> dict[str, float]:
 
 
 def validation_metrics(batch: DataProto) -> dict[str, float]:
-    """EM / F1 of the extracted answer against the golds, overall and per data source; reward and searches."""
+    """EM / F1 of the extracted answer against the golds, overall and per data source; reward and searches (overall
+    and per data source: a 2-hop question needs two)."""
     nt = batch.non_tensor_batch
     answers = [a or "" for a in nt["answer"]]
     em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
     f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
+    searches = nt["n_searches"].astype(float)
     metrics = {
         "val/em": float(em.mean()),
         "val/f1": float(f1.mean()),
         "val/reward": float(np.mean(nt["reward"].astype(float))),
-        "val/searches_mean": float(np.mean(nt["n_searches"].astype(float))),
+        "val/searches_mean": float(np.mean(searches)),
     }
     sources = nt["data_source"]
     for source in sorted(set(sources)):
         sel = sources == source
         metrics[f"val/{source}/em"] = float(em[sel].mean())
+        metrics[f"val/{source}/searches_mean"] = float(searches[sel].mean())
     return metrics
 
 

@@ -80,3 +80,19 @@ def test_rollout_metrics_from_the_batch():
         "length": 0.0,
         "stop": 0.0,
     }
+
+
+def test_validation_metrics_per_data_source():
+    """EM and searches overall and per data source (a 2-hop question needs two searches: its own mean says if it
+    got them)."""
+    nt = {
+        "answer": obj(["Paris", "Rome", None, "Oslo"]),
+        "ground_truth": obj([["Paris"], ["Milan"], ["Bern"], ["Oslo"]]),
+        "reward": obj([1.0, 0.0, 0.0, 1.0]),
+        "n_searches": np.array([1, 0, 2, 2]),
+        "data_source": np.array(["toy_world_1hop", "toy_world_1hop", "toy_world_2hop", "toy_world_2hop"]),
+    }
+    metrics = phases.validation_metrics(DataProto.from_dict(non_tensors=nt))
+    assert metrics["val/em"] == 0.5 and metrics["val/searches_mean"] == 1.25
+    assert metrics["val/toy_world_1hop/em"] == 0.5 and metrics["val/toy_world_1hop/searches_mean"] == 0.5
+    assert metrics["val/toy_world_2hop/em"] == 0.5 and metrics["val/toy_world_2hop/searches_mean"] == 2.0
