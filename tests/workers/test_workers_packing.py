@@ -142,8 +142,11 @@ def test_token_budget_partitions_and_restore_order():
         token_budget_partitions(seqlens, 14, CPU)
 
 
-def test_a_model_that_ignores_restarts_is_refused(lm):
-    check_remove_padding(lm, CPU, VOCAB)  # the real model passes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_that_ignores_restarts_is_refused(lm, dtype):
+    """float32: packed == padded; bfloat16 (rounding differs between the two paths): packed sequences isolated."""
+    lm = copy.deepcopy(lm).to(dtype)
+    check_remove_padding(lm, CPU, VOCAB, dtype=dtype)  # the real model passes
     broken = copy.deepcopy(lm)
     # a decoder that numbers the packed row 0..T-1 (as older models do): packed sequences would attend to each other
     inner = broken.model.forward
@@ -156,7 +159,7 @@ def test_a_model_that_ignores_restarts_is_refused(lm):
 
     broken.model.forward = forward_without_restarts
     with pytest.raises(RuntimeError, match="use_remove_padding"):
-        check_remove_padding(broken, CPU, VOCAB)
+        check_remove_padding(broken, CPU, VOCAB, dtype=dtype)
 
 
 # ---------------------------------------------------------------- real Ray FSDP workers (2 ranks, gloo)
