@@ -102,3 +102,16 @@ def test_cpu_keeps_its_small_sizes(recipe, trainer):
     assert got == CPU_SIZES
     assert (cfg.trainer.device, cfg.trainer.total_steps, cfg.model.path) == ("cpu", 20, "tiny")
     assert not cfg.actor.use_remove_padding and cfg.model.attn_implementation is None
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_smollm2_on_cpu_gets_20_trajectories_a_step_for_every_recipe(recipe):
+    """model=smollm2_135m with trainer=cpu: its CPU sizes (recipes/sizes/smollm2_135m_cpu.yaml) and, where the
+    recipe's rollout.n needs it, more prompts (recipes/recipe_sizes/); every recipe composes and validates."""
+    cfg = load_config(["model=smollm2_135m", f"+recipe={recipe}"])
+    trajectories = cfg.data.train_batch_size * cfg.rollout.n
+    assert trajectories == (80 if recipe == "r1_searcher_rpp" else 20)  # R1-Searcher keeps its paper's 16 samples
+    assert (cfg.actor.ppo_mini_batch_size, cfg.model.dtype, cfg.model.sft_checkpoint) == (10, "bfloat16", "auto")
+    assert cfg.actor.use_remove_padding and cfg.trainer.total_steps == 20 and cfg.warm_start.n_demos == 256
+    gpu = load_config(["model=smollm2_135m", f"+recipe={recipe}", *GPU])  # the specializations are CPU only
+    assert gpu.data.train_batch_size == PAPER_SIZES[recipe][0] and gpu.warm_start.n_demos == 2048
