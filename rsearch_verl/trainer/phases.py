@@ -49,7 +49,7 @@ def reward_phase(batch: DataProto, cfg: RSearchConfig, protocol: SearchProtocol)
     batch.non_tensor_batch["reward"] = np.array([r.score for r in results], dtype=object)
     batch.non_tensor_batch["answer"] = np.array([r.answer for r in results], dtype=object)
     metrics = {
-        "reward/mean": float(scores.mean()),
+        sig.REWARD: float(scores.mean()),
         "reward/max": float(scores.max()),
         "reward/min": float(scores.min()),
     }

@@ -64,6 +64,18 @@ def test_relative_signals_need_a_baseline_then_trip(change, signal):
     assert list(dog.check(4, {**HEALTHY, **change})) == [signal]
 
 
+def test_entropy_that_falls_while_the_reward_rises_is_convergence_not_collapse():
+    """SmolLM2's first RL steps: entropy 0.06 -> 0.001 nats a token while the reward rose 0.4 -> 0.95."""
+    rewarded = {**HEALTHY, "reward/mean": 0.6}
+    dog = Watchdog(WatchdogConfig())
+    for step in (1, 2, 3):
+        assert dog.check(step, rewarded) == {}
+    assert dog.check(4, {**rewarded, "rollout/entropy_mc": 0.05, "reward/mean": 0.95}) == {}  # converging
+    assert dog.check(5, {**rewarded, "rollout/entropy_mc": 0.05, "reward/mean": 0.6}) == {}  # at its baseline
+    tripped = dog.check(6, {**rewarded, "rollout/entropy_mc": 0.05, "reward/mean": 0.3})  # falling: collapse
+    assert tripped == {"entropy_collapse": 0.05}
+
+
 def test_normal_variation_does_not_trip_and_tripped_steps_stay_out_of_the_baseline():
     dog = Watchdog(WatchdogConfig())
     _warm(dog)

@@ -18,7 +18,8 @@ VF_LOSS = "critic/vf_loss"  # critic only (PPO)
 CRITIC_GRAD_NORM = "critic/grad_norm"
 FINITE = (PG_LOSS, KL_LOSS, ACTOR_GRAD_NORM, ACTOR_ENTROPY, VF_LOSS, CRITIC_GRAD_NORM)
 
-# ---- the driver's per-step rollout statistics (trainer/phases.py)
+# ---- the driver's per-step rollout statistics and reward (trainer/phases.py)
+REWARD = "reward/mean"  # the step's mean reward: a policy converging on right answers is not collapsing
 LOGPROB_GAP = "rollout/logprob_abs_diff_mean"  # rollout engine vs actor on the tokens just sampled
 FINISH_ANSWER = "rollout/finish_answer"  # the share of trajectories that end in a well-formed answer
 ENTROPY_MC = "rollout/entropy_mc"  # -log p of the sampled tokens under the policy that sampled them
