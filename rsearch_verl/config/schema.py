@@ -284,7 +284,8 @@ class WatchdogConfig(ConfigNode):
     max_logprob_gap: float = 1.0  # rollout/logprob_abs_diff_mean above this (nats) trips (a broken weight sync)
     answer_collapse: float = 0.25  # rollout/finish_answer (the format-valid rate) below this x baseline trips
     entropy_collapse: float = 0.1  # policy entropy below this x baseline trips
-    entropy_explode: float = 3.0  # policy entropy above this x baseline trips
+    entropy_explode: float = 3.0  # policy entropy above this x baseline trips ...
+    entropy_explode_min: float = 0.5  # ... and above this many nats a token (a peaked policy has not exploded)
     length_blowup: float = 3.0  # rollout/response_len_mean above this x baseline trips
 
 

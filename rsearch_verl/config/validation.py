@@ -248,6 +248,7 @@ def _validate_health(cfg: RSearchConfig) -> None:
     _check(0 <= wd.answer_collapse < 1, "trainer.watchdog.answer_collapse", "must be in [0, 1)")
     _check(0 <= wd.entropy_collapse < 1, "trainer.watchdog.entropy_collapse", "must be in [0, 1)")
     _check(wd.entropy_explode > 1, "trainer.watchdog.entropy_explode", "must be > 1")
+    _check(wd.entropy_explode_min >= 0, "trainer.watchdog.entropy_explode_min", "must be >= 0 (nats a token)")
     _check(wd.length_blowup > 1, "trainer.watchdog.length_blowup", "must be > 1")
 
 

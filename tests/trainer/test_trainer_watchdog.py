@@ -26,9 +26,9 @@ HEALTHY = {
 }
 
 
-def _warm(dog: Watchdog, n: int = 3) -> None:
+def _warm(dog: Watchdog, n: int = 3, metrics: dict | None = None) -> None:
     for step in range(1, n + 1):
-        assert dog.check(step, HEALTHY) == {}
+        assert dog.check(step, metrics or HEALTHY) == {}
 
 
 @pytest.mark.parametrize("key", ["actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "actor/kl_loss"])
@@ -74,6 +74,18 @@ def test_entropy_that_falls_while_the_reward_rises_is_convergence_not_collapse()
     assert dog.check(5, {**rewarded, "rollout/entropy_mc": 0.05, "reward/mean": 0.6}) == {}  # at its baseline
     tripped = dog.check(6, {**rewarded, "rollout/entropy_mc": 0.05, "reward/mean": 0.3})  # falling: collapse
     assert tripped == {"entropy_collapse": 0.05}
+
+
+def test_entropy_explode_needs_a_high_entropy_not_only_a_multiple_of_a_tiny_baseline():
+    """SmolLM2 at step 9 of a run whose reward had reached 0.95: 0.047 nats a token, 4x a converged baseline."""
+    converged = {**HEALTHY, "rollout/entropy_mc": 0.012}
+    dog = Watchdog(WatchdogConfig())
+    _warm(dog, metrics=converged)
+    assert dog.check(4, {**converged, "rollout/entropy_mc": 0.047}) == {}
+    assert dog.check(5, {**converged, "rollout/entropy_mc": 0.6}) == {"entropy_explode": 0.6}  # above the floor
+    strict = Watchdog(WatchdogConfig(entropy_explode_min=0.0))  # no floor: the relative rule alone
+    _warm(strict, metrics=converged)
+    assert strict.check(4, {**converged, "rollout/entropy_mc": 0.047}) == {"entropy_explode": 0.047}
 
 
 def test_normal_variation_does_not_trip_and_tripped_steps_stay_out_of_the_baseline():
@@ -124,6 +136,7 @@ def test_health_record_status_reasons_and_round_trip():
         ("trainer.watchdog.lr_factor", 1.5),
         ("trainer.watchdog.min_history", 0),
         ("trainer.watchdog.entropy_explode", 1.0),
+        ("trainer.watchdog.entropy_explode_min", -0.1),
     ],
 )
 def test_bad_health_config_names_the_key(key, value):

@@ -10,7 +10,9 @@ Signals (`SIGNALS`, thresholds in `trainer.watchdog`):
     entropy_collapse  policy entropy below `entropy_collapse` x baseline while the mean reward is below its baseline
                       too (entropy that falls while the reward rises is a policy converging on right answers: a
                       pretrained LM warm-started on templated demonstrations goes from 0.06 to 0.001 nats a token
-                      within a few steps as it learns to search); entropy_explode: above `entropy_explode` x it.
+                      within a few steps as it learns to search); entropy_explode: above `entropy_explode` x it
+                      and above `entropy_explode_min` nats a token (a converged policy's baseline is so small that
+                      3x it is still a sharply peaked policy: SmolLM2 at 0.047 over a 0.01 baseline)
                       The entropy is actor/entropy when the actor computes it (actor.entropy_coeff != 0), else
                       rollout/entropy_mc (the mean -log p of the sampled tokens under the policy that sampled them)
     length_blowup     rollout/response_len_mean above `length_blowup` x baseline
@@ -99,7 +101,7 @@ class Watchdog:
         if entropy is not None and base.get("entropy", 0.0) > 0:
             if entropy < cfg.entropy_collapse * base["entropy"] and not _improving(values, base):
                 trips["entropy_collapse"] = entropy
-            elif not entropy <= cfg.entropy_explode * base["entropy"]:
+            elif not entropy <= max(cfg.entropy_explode * base["entropy"], cfg.entropy_explode_min):
                 trips["entropy_explode"] = entropy
         if length is not None and base.get("length", 0.0) > 0 and not length <= cfg.length_blowup * base["length"]:
             trips["length_blowup"] = length
