@@ -132,16 +132,18 @@ def check_remove_padding(
     mask = attn[:, 6:].bool()
     if dtype == torch.float32:
         gap = float((run(ids, False) - run(ids, True)).abs()[mask].max())
+        what = "differs from the padded one"
     else:
         other = ids.clone()
         other[0] = torch.randint(0, vocab_size, (12,), generator=g)
         second = (run(ids, True) - run(other, True))[1].abs()
         gap = float(second[mask[1]].max())
+        what = "changes one sequence's outputs with another's tokens"
     model.train(was_training)
     if not gap <= 1e-3:  # NaN fails too
         raise RuntimeError(
-            f"use_remove_padding: the packed forward of {type(model).__name__} differs from the padded one by {gap:.3g}"
-            " (its attention does not treat position-id restarts as sequence boundaries); turn remove padding off"
+            f"use_remove_padding: the packed forward of {type(model).__name__} {what} by {gap:.3g} (its attention "
+            "does not treat position-id restarts as sequence boundaries); turn remove padding off"
         )
 
 
