@@ -130,18 +130,18 @@ SKIP = {
     ),
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_toolcall_grpo": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_ppo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo seed=3 data.toy_world.seed=1": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo data=toy_world_hard seed=5 data.toy_world.seed=2": (
         _TRAINING
     ),
     # benchmarks of minutes to hours
-    ".venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_grpo --out /tmp/smol_gr --sft-demos 48 "
-    "--p-no-search 0.3 --probe-questions 8 --rl-steps 10 --val-questions 16 --seed 0": "SmolLM2 SFT + 10 RL steps "
-    "(tens of minutes)",
-    ".venv/bin/python benchmarks/smollm2_learning.py ... --out /tmp/smol_gr_s2 ... seed=2": "an abbreviation of the "
-    "command above (same flags, another seed)",
-    ".venv/bin/python benchmarks/smollm2_learning.py --recipe search_r1_toolcall_grpo --out /tmp/smol_tc96 "
-    "--sft-demos 48 --p-no-search 0 --probe-questions 8 --rl-steps 0 --seed 0": "SmolLM2 SFT (tens of minutes)",
+    ".venv/bin/python benchmarks/learning.py --only smollm2_grpo --seeds 3 --worlds 1 --out /tmp/smolgrid": "three "
+    "SmolLM2 main jobs (about an hour)",
+    ".venv/bin/python benchmarks/learning.py --only smollm2_grpo --seeds 1 --worlds 2 --out /tmp/smolgrid": "a "
+    "SmolLM2 warm start and main job on a second world (about 30 min)",
+    ".venv/bin/python benchmarks/learning.py --only smollm2_toolcall,smollm2_grpo_lora --seeds 1 --worlds 1 "
+    "--out /tmp/smolgrid": "two SmolLM2 main jobs, one with its own warm start (about an hour)",
     ".venv/bin/python benchmarks/learning.py --out /tmp/grid --jobs 2": "the 15-run learning grid (hours)",
     ".venv/bin/python benchmarks/learning.py --seeds 2 --worlds 1 --only ppo": "two full training runs (~30 min)",
     ".venv/bin/python benchmarks/learning.py --world hard --seeds 4 --worlds 2 --jobs 2 --out /tmp/hardgrid": "the "
