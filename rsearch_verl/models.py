@@ -231,7 +231,7 @@ def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = 
     if source == "auto":
         raise ValueError(
             "model.sft_checkpoint=auto is resolved by the training session (rsearch_verl.warm_start.warm_start); "
-            "call warm_start(cfg, protocol) first or pass model.sft_checkpoint=null / a directory"
+            "call warm_start(cfg) first or pass model.sft_checkpoint=null / a directory"
         )
     if source == "tiny":
         model = build_tiny_qwen2(model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)

@@ -15,7 +15,7 @@ inside the run directory and renamed into place, so a worker never sees half a c
 
 Usage:
     ctx = RunContext(tokenizer_path=data.tokenizer_path)
-    ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(cfg), protocol))
+    ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(ctx.apply(cfg)))
     run_cfg = dataclasses.replace(ctx, retriever_url=url).published(run_dir).apply(cfg)
 """
 

@@ -17,9 +17,8 @@ Phases (the `warm_start` config group, rsearch_verl/config/schema.py `WarmStartC
      search / no-search prior so that the greedy warm start answers from memory.
 The probes' numbers are logged and written next to the checkpoint (`warm_start.json`).
 
-    path = warm_start(cfg, protocol)  # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto
-                                      # resolves to. Its seed is model.warm_start_seed, not the RL seed. `protocol`:
-                                      # the run's (rsearch_verl.rollout.protocols.protocol_for(cfg)), for the probes
+    path = warm_start(cfg)  # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto resolves
+                            # to; built in a child process. Its seed is model.warm_start_seed, not the RL seed
     python -m rsearch_verl.warm_start --out outputs/warm_start +recipe=search_r1_ppo   # the same, to a directory
 """
 
@@ -30,8 +29,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import random
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -195,13 +196,13 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, op
     return report
 
 
-def warm_start(cfg: RSearchConfig, protocol: SearchProtocol) -> str:
+def warm_start(cfg: RSearchConfig) -> str:
     """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
-    `protocol`: the run's (`protocol_for(cfg)`), which the skill probes roll out with.
 
-    Cached under `cache_key(cfg)`; a build from an empty cache takes minutes on CPU and logs each epoch."""
+    Cached under `cache_key(cfg)`; a build from an empty cache takes minutes on CPU and logs each epoch. It runs in a
+    child process (`build`): training a real model peaks at ~10 GB for SmolLM2-135M, and an allocator does not give
+    that back to the OS, so built in the driver it would stay resident next to the workers for the whole run."""
     opts = cfg.warm_start
-    seed = cfg.model.warm_start_seed
     out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
     if os.path.isfile(os.path.join(out, "config.json")):
         logger.info("warm start: cached at %s", out)
@@ -215,11 +216,23 @@ def warm_start(cfg: RSearchConfig, protocol: SearchProtocol) -> str:
         opts.mix_epochs,
         opts.probe_questions,
     )
-    model, tokenizer = load_policy(cfg, seed=seed)
-    report = train_toy(model, tokenizer, cfg, protocol, opts, seed)
-    save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        report = pool.submit(build, cfg, out).result()  # WarmStartError and others re-raised here
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
+
+
+def build(cfg: RSearchConfig, out: str) -> dict:
+    """Train the warm start for `cfg` and save it to `out` (with its report); the child process's work."""
+    from rsearch_verl.log_setup import setup_logging
+
+    setup_logging()  # a spawned process starts without the parent's logging
+    seed = cfg.model.warm_start_seed
+    model, tokenizer = load_policy(cfg, seed=seed)
+    # the probes roll out with the run's protocol, rebuilt here from the same config (one per process)
+    report = train_toy(model, tokenizer, cfg, protocol_for(cfg), cfg.warm_start, seed)
+    save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
+    return report
 
 
 # Model fields the warm start does not read: load_policy drops sft_checkpoint (it is what this resolves), the SFT trains
@@ -265,7 +278,7 @@ def main(argv: list[str] | None = None) -> str:
     protocol = protocol_for(cfg)
     if cfg.model.path == "tiny":  # the toy world's own tokenizer, as in training (unless the recipe names one)
         cfg = RunContext(tokenizer_path=toy_world_data(cfg, protocol).tokenizer_path).apply(cfg)
-    shutil.copytree(warm_start(cfg, protocol), args.out, dirs_exist_ok=True)
+    shutil.copytree(warm_start(cfg), args.out, dirs_exist_ok=True)
     return args.out
 
 

@@ -109,7 +109,7 @@ class TrainingSession:
         if recipe.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
             from rsearch_verl.warm_start import read_report, warm_start
 
-            ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer, self.protocol))
+            ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer))
             self.warm_start_report = read_report(ctx.sft_checkpoint)
         tokenizer = policy_tokenizer(with_tokenizer)
 

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import rsearch_verl.warm_start as warm_start_module
 from rsearch_verl.config import SFTConfig, load_config
 from rsearch_verl.data.run_data import toy_world_data
 from rsearch_verl.models import load_model, load_tokenizer
@@ -121,15 +122,20 @@ def test_warm_start_fails_loudly_without_the_skill(tmp_path):
     # the warm start's options are the `warm_start` config group: one epoch on 16 demos teaches no copying
     cfg = _cfg(tmp_path, "warm_start.n_demos=16", "warm_start.copy_epochs=1", "warm_start.probe_questions=4")
     with pytest.raises(WarmStartError, match="does not copy answers"):
-        warm_start(cfg, protocol_for(cfg))
+        warm_start(cfg)
 
 
-def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path):
+def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path, monkeypatch):
+    # built in a spawned child: the model it trains never lives in this (the driver's) process
+    def not_here(*args, **kwargs):
+        raise AssertionError("the warm start was trained in the calling process")
+
+    monkeypatch.setattr(warm_start_module, "load_policy", not_here)
     quick = ["warm_start.sft.batch_size=8", "warm_start.n_demos=16", "warm_start.copy_epochs=1"]
     quick += ["warm_start.until_em=0.0", "warm_start.min_searched=0", "warm_start.mix_epochs=1"]
     quick += ["warm_start.mix_keeps_em=0.0", "warm_start.probe_questions=4"]
     cfg = _cfg(tmp_path, *quick)
-    path = warm_start(cfg, protocol_for(cfg))
+    path = warm_start(cfg)
     assert os.path.isfile(os.path.join(path, "config.json"))
     report = read_report(path)
     assert report["epochs"] == 1 and len(report["loss"]) == 2
@@ -138,10 +144,10 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     stamp = os.path.getmtime(os.path.join(path, "config.json"))
     # another RL seed: the same warm start, not rebuilt
     other_seed = _cfg(tmp_path, *quick, "seed=2")
-    assert warm_start(other_seed, protocol_for(other_seed)) == path
+    assert warm_start(other_seed) == path
     assert os.path.getmtime(os.path.join(path, "config.json")) == stamp
     other_ws = _cfg(tmp_path, *quick, "model.warm_start_seed=5")
-    assert warm_start(other_ws, protocol_for(other_ws)) != path
+    assert warm_start(other_ws) != path
     run_cfg = RunContext(sft_checkpoint=path).apply(cfg)
     reloaded = load_model(run_cfg.model, load_tokenizer(run_cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)
