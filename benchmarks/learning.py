@@ -12,8 +12,8 @@ update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the d
 REINFORCE++ on PPO's batch without a critic (`rpp`) and Dr.GRPO on GRPO's batch (`drgrpo`). SmolLM2-135M's own
 main job (`model=smollm2_135m`: its warm start and CPU sizes, recipes/sizes/smollm2_135m_cpu.yaml) with Search-R1
 GRPO (`smollm2_grpo`), JSON tool calls (`smollm2_toolcall`), PPO (`smollm2_ppo`) and GRPO on LoRA adapters
-(`smollm2_grpo_lora`): about 23 minutes a run on 2 cores, plus 9-12 for a world's first warm start (measured for
-smollm2_grpo): `--only smollm2_grpo --seeds 3 --worlds 1`.
+(`smollm2_grpo_lora`), measured on 2 cores: smollm2_grpo about 23 minutes a run, smollm2_toolcall 40, smollm2_grpo_lora
+16, plus 9-13 for a world's (and protocol's) first warm start: `--only smollm2_grpo --seeds 3 --worlds 1`.
 
 Per variant: EM gain (after - before) min / median / max, the share of runs that reach the target (the tiny
 policy: gain >= +0.25; SmolLM2: gain >= +0.15, 2-hop EM >= 0.25, searches per 2-hop question >= 1.5), searches per
