@@ -200,8 +200,8 @@ def warm_start(cfg: RSearchConfig) -> str:
     """The toy world's warm start for `cfg` (built once, then reused from the cache); returns its HF directory.
 
     Cached under `cache_key(cfg)`; a build from an empty cache takes minutes on CPU and logs each epoch. It runs in a
-    child process (`build`): training a real model peaks at ~10 GB for SmolLM2-135M, and an allocator does not give
-    that back to the OS, so built in the driver it would stay resident next to the workers for the whole run."""
+    child process (`build`): training SmolLM2-135M peaks at ~10 GB, and a process that did it keeps most of that
+    (measured: a driver that built it in-process held 9.8 GB to the end of its run, next to the workers)."""
     opts = cfg.warm_start
     out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
     if os.path.isfile(os.path.join(out, "config.json")):
