@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 
+from rsearch_verl.formats import extract_tag
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import extract_tag
 from rsearch_verl.rewards.judge import judged_scores
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rewards.r_search import check_judge_mode
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.rollout.protocols.nl_dag import parse_dag
 
 _ORDER = ("think", "search", "result", "answer")
 _OPTION = re.compile(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])")
@@ -109,9 +110,6 @@ def r_search_dag(
     max_nodes: int = 8,
     weights: tuple[float, float, float] = (0.25, 0.25, 0.5),
 ) -> list[RewardResult]:
-    # imported here: the protocols import rewards.formats, so a module-level import would be circular
-    from rsearch_verl.rollout.protocols.nl_dag import parse_dag
-
     check_judge_mode(judge, judge_cfg, "r_search_dag")
     w_fmt, w_dag, w_ans = weights
     policies = [item.policy_text() for item in items]

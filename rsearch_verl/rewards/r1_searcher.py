@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
+from rsearch_verl.formats import check_block_grammar, is_garbled, tag_balance
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar, is_garbled, tag_balance
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from rsearch_verl.formats import extract_tag, tag_balance
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import extract_tag, tag_balance
 from rsearch_verl.rewards.judge import judged_scores, require_judge_url
 from rsearch_verl.rewards.qa import exact_match, f1_score, normalize_answer
 from rsearch_verl.rollout.protocols import SearchProtocol

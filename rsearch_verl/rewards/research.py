@@ -12,8 +12,8 @@ holds a `\\boxed{}` and ends the response, and no <result> tag written by the po
 
 from __future__ import annotations
 
+from rsearch_verl.formats import check_block_grammar, count_boxed, extract_tag, tag_balance
 from rsearch_verl.rewards.base import RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar, count_boxed, extract_tag, tag_balance
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
+from rsearch_verl.formats import check_block_grammar
 from rsearch_verl.rewards.base import OBSERVATION, RewardInput, RewardResult, register
-from rsearch_verl.rewards.formats import check_block_grammar
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rsearch_verl.rewards.formats import (
+from rsearch_verl.formats import (
     check_block_grammar,
     count_boxed,
     extract_boxed,

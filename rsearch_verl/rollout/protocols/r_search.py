@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rsearch_verl.rewards.formats import extract_tag
+from rsearch_verl.formats import extract_tag
 from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search.types import Doc
 from rsearch_verl.segments import Segment, policy_text

@@ -11,7 +11,7 @@ Results are written as in the paper's case study: one `"Title", text` line per p
 
 from __future__ import annotations
 
-from rsearch_verl.rewards.formats import extract_boxed, extract_tag
+from rsearch_verl.formats import extract_boxed, extract_tag
 from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search.types import Doc
 

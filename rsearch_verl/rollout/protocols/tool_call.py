@@ -33,7 +33,7 @@ import logging
 import re
 from typing import Any
 
-from rsearch_verl.rewards.formats import extract_tag
+from rsearch_verl.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Action
 from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS, TagSearchProtocol
 

@@ -1,4 +1,5 @@
-"""Tag and `\\boxed{}` extraction shared by rewards and search protocols.
+"""Tag and `\\boxed{}` extraction: the tag formats the search protocols (rsearch_verl/rollout/protocols/) parse and the
+rewards (rsearch_verl/rewards/) check. It sits on the bottom floor beside segments.py and imports nothing above it.
 
     extract_tag("<answer>a</answer> <answer>b</answer>", "answer")   -> "b"   (last complete pair)
     extract_boxed(r"so \\boxed{\\frac{1}{2}}")                         -> "\\frac{1}{2}"
