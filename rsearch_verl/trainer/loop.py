@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from verl import DataProto
 
 from rsearch_verl import batch as batch_keys
+from rsearch_verl import signals as sig
 from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
 from rsearch_verl.rollout.dump import write_rollout_dump
@@ -33,12 +34,12 @@ from rsearch_verl.rollout.protocols import SearchProtocol
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
-from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
 from rsearch_verl.trainer.run_control import RunControl
-from rsearch_verl.workers.placement import WorkerGroups, reduce_metrics
+from rsearch_verl.workers.metrics import reduce_metrics
+from rsearch_verl.workers.placement import WorkerGroups
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class Trainer:
             # 4. reference log-probs for the KL term
             if cfg.use_ref:
                 with timed(timing, "ref"):
-                    batch = batch.union((wg.ref or wg.actor).compute_ref_log_prob(batch))
+                    batch = batch.union(wg.actor.compute_ref_log_prob(batch))
             # 5. values from the critic (PPO / GAE only)
             if cfg.use_critic:
                 with timed(timing, "values"):

@@ -14,8 +14,13 @@ checks take seconds and stop the run with exit code 3 and a message that names t
 - a judge endpoint with an `api_key_env` that is not set gets a warning (local judges need no key), and so do the
   web / news tools of a multi-source protocol without `SERPER_API_KEY` (by design those answer error observations).
 
-    from rsearch_verl.trainer.preflight import preflight
+Once Ray is up and before any worker starts, `check_hosts` makes the same checks from every other host of a
+multi-host cluster (a probe task per host): each sees trainer.run_dir, the config's local model paths and the
+retrieval server; a loopback retriever.url is an error there (HostError, a PlacementError, naming the key).
+
+    from rsearch_verl.trainer.preflight import check_hosts, preflight
     preflight(cfg, run_dir)    # raises PreflightError (a RunStopped: exit 3) naming what to fix
+    check_hosts(cfg)           # after ray.init, before build_worker_groups
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import httpx
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.trainer.health import RunStopped
+from rsearch_verl.workers.pools import PlacementError
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +138,75 @@ def check_retriever_token(url: str, health: dict, token: str | None) -> None:
         raise PreflightError(
             f"retriever.url={url} rejected RETRIEVER_TOKEN (HTTP {resp.status_code}): export the server's --token as "
             "RETRIEVER_TOKEN where the run is started"
+        )
+
+
+# ------------------------------------------------------------------------------------------------- hosts
+
+
+class HostError(PlacementError):
+    """A host of the cluster cannot run the workers: it does not see the run directory, a path of the config or the
+    retrieval server (raised before any worker starts)."""
+
+
+def host_problems(run_dir: str | None, paths: dict[str, str], url: str | None) -> list[str]:
+    """Run on a host: what the workers there would miss (an empty list when nothing)."""
+    problems = []
+    if run_dir and not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        problems.append(f"trainer.run_dir={run_dir} is not visible (its config.yaml is missing)")
+    problems += [f"{key}={path} does not exist" for key, path in paths.items() if not os.path.exists(path)]
+    if url:
+        try:
+            httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S).raise_for_status()
+        except httpx.HTTPError as exc:
+            problems.append(f"retriever.url={url} does not answer GET /health ({exc!r})")
+    return problems
+
+
+def driver_paths(cfg: RSearchConfig) -> dict[str, str]:
+    """The config's local paths the workers load (absolute, present on the driver's disk), by config key."""
+    m = cfg.model
+    keys = {"model.path": m.path, "model.tokenizer_path": m.tokenizer_path, "model.sft_checkpoint": m.sft_checkpoint}
+    return {k: v for k, v in keys.items() if v and os.path.isabs(v) and os.path.exists(v)}
+
+
+def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
+    """On a cluster of several hosts: fail fast (HostError) unless every other host sees trainer.run_dir, the config's
+    local paths and the retrieval server -- a probe task on each host, before any worker starts. A loopback
+    retriever.url is an error there (on another host it is that host's own loopback). One host: nothing to check."""
+    from urllib.parse import urlparse
+
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    others = [n for n in ray.nodes() if n.get("Alive") and n["NodeManagerAddress"] != here]
+    if not others:
+        return
+    url = cfg.retriever.url
+    if url and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1"):
+        raise HostError(
+            f"retriever.url={url} is a loopback address, but the cluster has {len(others) + 1} hosts: workers on the "
+            "others would reach their own loopback. Serve the retriever on an address every host can reach, or "
+            "unset retriever.url to let the run start its own on this host's cluster address"
+        )
+    run_dir = cfg.trainer.run_dir
+    if not run_dir or not os.path.isabs(run_dir):
+        raise HostError(
+            f"trainer.run_dir={run_dir!r}: a cluster of {len(others) + 1} hosts needs an absolute path on a "
+            "filesystem every host mounts at the same path (checkpoints, published model files)"
+        )
+    probe = ray.remote(num_cpus=0)(host_problems)
+    ips = [n["NodeManagerAddress"] for n in others]
+    pending = [probe.options(resources={f"node:{ip}": 0.001}).remote(run_dir, driver_paths(cfg), url) for ip in ips]
+    problems = [
+        f"host {ip}: {p}" for ip, found in zip(ips, ray.get(pending, timeout=timeout_s), strict=True) for p in found
+    ]
+    if problems:
+        raise HostError(
+            "the workers' hosts cannot run this config: "
+            + "; ".join(problems)
+            + ". trainer.run_dir must be on a filesystem every host shares; the retriever must be reachable from "
+            "every host (see docs/cluster.md, Multi-host)"
         )
 
 

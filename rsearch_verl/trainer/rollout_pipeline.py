@@ -27,18 +27,20 @@ from verl import DataProto
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptLoader
-from rsearch_verl.workers.placement import PendingRollout, RolloutGroup
+from rsearch_verl.workers.generation_group import GenerationGroup, PendingGeneration
 
 
 @dataclasses.dataclass
 class _Ahead:
     step: int
     loader_before: dict  # the loader's state before this batch was drawn
-    pending: PendingRollout
+    pending: PendingGeneration
 
 
 class RolloutPipeline:
-    def __init__(self, rollout: RolloutGroup, loader: PromptLoader, cfg: RSearchConfig, seed_for: Callable[[int], int]):
+    def __init__(
+        self, rollout: GenerationGroup, loader: PromptLoader, cfg: RSearchConfig, seed_for: Callable[[int], int]
+    ):
         self.rollout, self.loader, self.seed_for = rollout, loader, seed_for
         self.max_staleness, self.total_steps = cfg.trainer.max_staleness, cfg.trainer.total_steps
         self._ahead: collections.deque[_Ahead] = collections.deque()  # submitted, not yet taken (in step order)

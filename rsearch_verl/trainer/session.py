@@ -2,7 +2,7 @@
 anything expensive), the run directory, data (rsearch_verl/data/run_data.py), the tokenizer, the warm start, the
 retrieval server, Ray, the worker groups, a progress bar and the final summary. What it resolves while starting goes
 into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived. Cleans up what it started,
-even on errors. Secret env vars (rsearch_verl/trainer/secrets.py) reach the workers through Ray's runtime env.
+even on errors. Secret env vars (rsearch_verl/secrets.py) reach the workers through Ray's runtime env.
 
 Usage (what `rsearch_verl.main.run` does):
     with TrainingSession(cfg, run_dir) as session:
@@ -29,9 +29,9 @@ from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
+from rsearch_verl.secrets import worker_secrets
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.preflight import preflight
-from rsearch_verl.trainer.secrets import worker_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -130,12 +130,14 @@ class TrainingSession:
         import ray
 
         from rsearch_verl.trainer.loop import Trainer
+        from rsearch_verl.trainer.preflight import check_hosts
         from rsearch_verl.workers.placement import build_worker_groups
 
         tokenizer, train, val = self._prepare()
         cfg = self.run_cfg
         if init_ray(cfg):
             self._stack.callback(ray.shutdown)
+        check_hosts(cfg)  # a multi-host cluster: every host sees the run dir, the paths and the retriever
         workers = build_worker_groups(cfg)
         supervisor = RetrieverSupervisor(self.retriever, cfg.retriever)
         trainer = Trainer(cfg, self.run_dir, workers, train, val, tokenizer, self.protocol, supervisor=supervisor)

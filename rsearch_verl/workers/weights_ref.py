@@ -1,5 +1,5 @@
 """The handle a split-placement weight sync moves: actor rank 0 `ray.put`s its gathered weights itself and returns this
-small record, which the driver hands to every rollout worker (rsearch_verl/workers/placement.py), so the state dict
+small record, which the driver hands to every rollout worker (rsearch_verl/workers/weight_sync.py), so the state dict
 never travels through the driver and exactly one copy enters the object store."""
 
 from __future__ import annotations

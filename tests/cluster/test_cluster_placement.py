@@ -1,4 +1,4 @@
-"""Placement follows trainer.nnodes on CPU (rsearch_verl/workers/placement.py): n_workers / nnodes bundles per node,
+"""Placement follows trainer.nnodes on CPU (rsearch_verl/workers/pools.py): n_workers / nnodes bundles per node,
 a pool's groups on distinct nodes, the cluster checked before any worker starts. Pure checks, then the multi-host
 harness (tests/cluster/netns_cluster.py): a 2-worker, 2-node config puts one worker on each host; a cluster too small,
 a loopback retriever.url and a run directory only the driver sees are errors naming the key, before any worker starts.
@@ -12,7 +12,7 @@ import pytest
 from netns_cluster import job_logs
 
 from rsearch_verl.config import ConfigError, load_config
-from rsearch_verl.workers.placement import PlacementError, assign_nodes, check_cluster, node_key, pool_specs
+from rsearch_verl.workers.pools import PlacementError, assign_nodes, node_key, pool_specs
 
 # batch sizes that divide 1..4 workers
 CPU = ["+recipe=search_r1_ppo", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"]
@@ -28,7 +28,7 @@ def test_cpu_pools_follow_nnodes():
         load_config([*CPU, "trainer.n_workers=3", "trainer.nnodes=2"])
 
 
-def test_check_cluster_puts_a_pools_groups_on_distinct_nodes():
+def test_assign_nodes_puts_a_pools_groups_on_distinct_nodes():
     spec = pool_specs(load_config([*CPU, "trainer.n_workers=2", "trainer.nnodes=2"]))["actor"]
     hosts = [{"CPU": 0.0, "node:198.18.0.1": 1.0}, {"CPU": 1.0, "node:198.18.0.10": 1.0}]
     hosts.append({"CPU": 1.0, "node:198.18.0.11": 1.0})
@@ -36,7 +36,7 @@ def test_check_cluster_puts_a_pools_groups_on_distinct_nodes():
     assert [node_key(h) for h in hosts] == ["node:198.18.0.1", "node:198.18.0.10", "node:198.18.0.11"]
     # one node with room for both groups is still one node: trainer.nnodes=2 asks for two
     with pytest.raises(PlacementError, match=r"trainer.nnodes.*trainer.n_workers"):
-        check_cluster([spec], [{"CPU": 8.0}])
+        assign_nodes([spec], [{"CPU": 8.0}])
 
 
 @pytest.mark.slow

@@ -13,12 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pool_helpers import one_pool  # tests/workers/pool_helpers.py
 from verl import DataProto
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import load_config
 from rsearch_verl.testing.batches import sequence_tensors
-from rsearch_verl.trainer.health import signals as sig
-from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
+from rsearch_verl.workers.metrics import reduce_metrics
+from rsearch_verl.workers.placement import start_group
 
 ray = pytest.importorskip("ray")
 
@@ -75,7 +77,7 @@ def run_update(cfg, batch: DataProto, with_old_from_model: bool = True):
     from rsearch_verl.workers.actor import ActorWorker
 
     name = f"t{cfg.trainer.n_workers}"
-    group = _group(_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
+    group = start_group(one_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
     try:
         if with_old_from_model:  # on-policy ratios start at 1, as in training
             batch = batch.union(group.compute_log_prob(batch)) if "old_log_probs" not in batch.batch else batch
@@ -181,7 +183,7 @@ def test_no_mask_ablation_reaches_critic_values_and_advantages(ray_cluster):
         obs = (batch.batch["response_mask"] == 0) & (batch.batch["attention_mask"][:, P:] == 1)
         policy = batch.batch["response_mask"] == 1
         name = f"c{int(masked)}"
-        group = _group(_pool(cfg, name), CriticWorker, cfg, name)
+        group = start_group(one_pool(cfg, name), CriticWorker, cfg, name)
         try:
             batch = batch.union(group.compute_values(batch))  # the zero-initialised head: all 0
             batch.batch["returns"] = torch.ones(B, R)
@@ -215,7 +217,7 @@ def test_no_mask_ablation_reaches_critic_values_and_advantages(ray_cluster):
 def _start(cfg, name: str):
     from rsearch_verl.workers.actor import ActorWorker
 
-    return _group(_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
+    return start_group(one_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
 
 
 def _stop(group) -> None:

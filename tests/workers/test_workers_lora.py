@@ -20,12 +20,14 @@ import os
 
 import pytest
 import torch
+from pool_helpers import one_pool  # tests/workers/pool_helpers.py
 from verl import DataProto
 
 from rsearch_verl.config import load_config
 from rsearch_verl.testing.batches import sequence_tensors
 from rsearch_verl.workers.forward import response_log_probs
-from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
+from rsearch_verl.workers.metrics import reduce_metrics
+from rsearch_verl.workers.placement import start_group
 from rsearch_verl.workers.rollout import build_policy
 
 ray = pytest.importorskip("ray")
@@ -90,7 +92,7 @@ def trained(tmp_path_factory):
     cfg = lora_cfg()
     tok, base = build_policy(cfg)
     batch = make_batch(len(tok))
-    group = _group(_pool(cfg, "lora"), ActorWorker, cfg, "lora", with_rollout=False)
+    group = start_group(one_pool(cfg, "lora"), ActorWorker, cfg, "lora", with_rollout=False)
     try:
         out = {"cfg": cfg, "tok": tok, "base": base, "batch": batch, "ckpt": str(tmp_path_factory.mktemp("ckpt"))}
         out["old"] = group.compute_log_prob(batch).batch["old_log_probs"]
@@ -189,7 +191,7 @@ def test_critic_trains_its_own_adapters_and_value_head(trained, tmp_path):
     budget = {"critic.ppo_max_token_len_per_gpu": 1024}  # >= data.max_prompt_length + rollout.max_response_length
     cfg = lora_cfg(**{"algorithm.adv_estimator": "gae", "trainer.n_workers": 1, **packing, **budget})
     batch = trained["batch"]
-    group = _group(_pool(cfg, "lcrit"), CriticWorker, cfg, "lcrit")
+    group = start_group(one_pool(cfg, "lcrit"), CriticWorker, cfg, "lcrit")
     try:
         batch = batch.union(group.compute_values(batch))
         batch.batch["returns"] = torch.ones(B, R)

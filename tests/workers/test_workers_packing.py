@@ -213,13 +213,15 @@ def ray_batch(vocab: int) -> DataProto:
 
 def run_actor(cfg, batch: DataProto) -> dict:
     import ray
+    from pool_helpers import one_pool  # tests/workers/pool_helpers.py
 
     from rsearch_verl.workers.actor import ActorWorker
-    from rsearch_verl.workers.placement import _group, _pool, reduce_metrics
+    from rsearch_verl.workers.metrics import reduce_metrics
+    from rsearch_verl.workers.placement import start_group
 
     batch = copy.deepcopy(batch)  # DataProto.union writes into the batch
     name = "pk" if cfg.actor.use_remove_padding else "pd"
-    group = _group(_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
+    group = start_group(one_pool(cfg, name), ActorWorker, cfg, name, with_rollout=False)
     try:
         out = {"old": group.compute_log_prob(batch).batch["old_log_probs"]}
         batch = batch.union(DataProto.from_dict(tensors={"old_log_probs": out["old"]}))

@@ -27,14 +27,8 @@ import ray
 from rsearch_verl.config import load_config
 from rsearch_verl.frozen import ConfigError
 from rsearch_verl.testing.placement_probe import probe_worker_classes
-from rsearch_verl.workers.placement import (
-    PlacementError,
-    PoolSpec,
-    build_worker_groups,
-    check_cluster,
-    pool_specs,
-    release_pools,
-)
+from rsearch_verl.workers.placement import build_worker_groups
+from rsearch_verl.workers.pools import PlacementError, PoolSpec, assign_nodes, pool_specs, release_pools
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 # batch sizes that divide 6, 8 and 16 ranks, so the configs validate whatever recipes/trainer/gpu_1x8.yaml says
@@ -72,18 +66,18 @@ def test_split_share_is_validated_with_the_key_named():
             cfg_of(*GRPO, "trainer.placement=split", f"trainer.rollout_gpus_per_node={share}")
 
 
-def test_check_cluster_names_the_keys_and_what_the_cluster_has():
+def test_assign_nodes_names_the_keys_and_what_the_cluster_has():
     specs = list(pool_specs(cfg_of(*PPO)).values())
-    check_cluster(specs, [{"GPU": 8.0, "CPU": 16.0}])
+    assign_nodes(specs, [{"GPU": 8.0, "CPU": 16.0}])
     with pytest.raises(PlacementError, match=r"trainer.n_gpus_per_node.*GPUs \[4.0\]"):
-        check_cluster(specs, [{"GPU": 4.0, "CPU": 16.0}])
+        assign_nodes(specs, [{"GPU": 4.0, "CPU": 16.0}])
     with pytest.raises(PlacementError, match="trainer.nnodes"):  # 2 x 4 GPUs: no node holds an 8-GPU group
-        check_cluster(specs, [{"GPU": 4.0, "CPU": 16.0}] * 2)
+        assign_nodes(specs, [{"GPU": 4.0, "CPU": 16.0}] * 2)
     split = list(pool_specs(cfg_of(*PPO, *SPLIT, "trainer.nnodes=2")).values())
-    check_cluster(split, [{"GPU": 8.0, "CPU": 16.0}] * 2)  # 6 + 2 on each node
+    assign_nodes(split, [{"GPU": 8.0, "CPU": 16.0}] * 2)  # 6 + 2 on each node
     with pytest.raises(PlacementError, match="trainer.rollout_gpus_per_node"):
-        check_cluster(split, [{"GPU": 8.0, "CPU": 16.0}, {"GPU": 4.0, "CPU": 16.0}])
-    assert check_cluster([PoolSpec("actor", (2,), False, 1, "trainer.n_workers=2")], [{"CPU": 2.0}]) is None
+        assign_nodes(split, [{"GPU": 8.0, "CPU": 16.0}, {"GPU": 4.0, "CPU": 16.0}])
+    assert assign_nodes([PoolSpec("actor", (2,), False, 1, "trainer.n_workers=2")], [{"CPU": 2.0}]) == {"actor": [0]}
 
 
 # ------------------------------------------------------------------------------------------ a Ray cluster with 8 GPUs

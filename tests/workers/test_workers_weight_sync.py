@@ -15,7 +15,8 @@ import logging
 import pytest
 
 from rsearch_verl.config import load_config
-from rsearch_verl.workers.placement import build_worker_groups, release_pools
+from rsearch_verl.workers.placement import build_worker_groups
+from rsearch_verl.workers.pools import release_pools
 from rsearch_verl.workers.weights_ref import WeightsRef
 
 ray = pytest.importorskip("ray")
