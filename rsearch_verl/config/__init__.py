@@ -37,9 +37,11 @@ from rsearch_verl.config.schema import (
     LORA_TARGETS,
     PLACEMENTS,
     SFT_SCHEDULES,
+    CONTEXT_STRATEGIES,
     ActorConfig,
     AlgorithmConfig,
     BreakerConfig,
+    ContextConfig,
     CriticConfig,
     DataConfig,
     JudgeConfig,
@@ -62,6 +64,8 @@ from rsearch_verl.config.validation import validate, validate_sft
 from rsearch_verl.frozen import ConfigError
 
 __all__ = [
+    "CONTEXT_STRATEGIES",
+    "ContextConfig",
     "ATTN_IMPLEMENTATIONS",
     "DATA_SOURCES",
     "LORA_TARGETS",

@@ -57,6 +57,9 @@ class ModelConfig(ConfigNode):
     # transformers' attention kernel for the training forward passes (actor, reference, critic): None = transformers'
     # default (SDPA); "flash_attention_2" on GPU with the flash-attn package (packed sequences use its varlen kernel)
     attn_implementation: str | None = None
+    # positions the model can attend to (prompt + response of one row); 0 = read from the model: tiny's
+    # max_position_embeddings, or a local HF directory's config.json (rsearch_verl/config/context.py)
+    max_context: int = 0
 
 
 @dataclass
@@ -91,6 +94,26 @@ class DataConfig(ConfigNode):
     toy_world: ToyWorldConfig = field(default_factory=ToyWorldConfig)
 
 
+CONTEXT_STRATEGIES = ("none", "drop_observations", "summary")  # rollout.context.strategy (rollout/context.py)
+
+
+@dataclass
+class ContextConfig(ConfigNode):
+    """How a long trajectory stays inside the model's context (rsearch_verl/rollout/context.py, docs/long_horizon.md).
+
+    none: one growing sequence; a turn that would pass the context budget ends the trajectory (finish_reason
+    "context", counted). drop_observations: when the next turn would pass the budget, older observations become a
+    short marker (and the oldest turns go, once markers are not enough). summary: the policy writes a note (policy
+    tokens, trained) that replaces the history so far. A fold starts a new training row (segment) whose prompt is
+    the new context."""
+
+    strategy: str = "none"
+    # tokens one generation may see, its own new tokens included; 0 = the model's context (model.max_context)
+    max_tokens: int = 0
+    keep_recent_turns: int = 1  # drop_observations: the newest turns whose observations stay whole
+    summary_max_tokens: int = 96  # summary: the note's budget (its own turn)
+
+
 @dataclass
 class RolloutConfig(ConfigNode):
     engine: str = "hf"  # 'hf' | 'vllm'
@@ -106,6 +129,7 @@ class RolloutConfig(ConfigNode):
     max_response_length: int = 512  # budget for the whole response, observations included
     max_obs_length: int = 256  # one observation, in tokens (longer ones are truncated with a marker)
     max_concurrent_trajectories: int = 64
+    context: ContextConfig = field(default_factory=ContextConfig)
     val_temperature: float = 0.0  # 0 = greedy
     val_n: int = 1
     # vLLM only

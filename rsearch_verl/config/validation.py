@@ -15,6 +15,7 @@ import inspect
 import logging
 from typing import Any
 
+from rsearch_verl.config.context import check_context
 from rsearch_verl.config.schema import (
     ATTN_IMPLEMENTATIONS,
     DATA_SOURCES,
@@ -52,6 +53,7 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
     _validate_warm_start(cfg.warm_start)
     _validate_toy_world(cfg.data.toy_world)
     _validate_async(cfg)
+    check_context(cfg)  # rollout.context: the budgets against the model's positions
     return freeze(cfg)
 
 

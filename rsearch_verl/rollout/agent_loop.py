@@ -30,16 +30,16 @@ import dataclasses
 import logging
 import time
 import zlib
-from dataclasses import dataclass, field
 
-import numpy as np
-import torch
 from verl import DataProto
 
-from rsearch_verl.batch import sequence_keys
+from rsearch_verl import signals as sig
 from rsearch_verl.config import RSearchConfig
+from rsearch_verl.config.context import context_budget
+from rsearch_verl.rollout.context import ContextWindow, Turn
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.rollout.trajectory import Trajectory, rows_to_batch
 from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.client import SearchError
 from rsearch_verl.search.process import process_breaker, process_search_client
@@ -48,33 +48,6 @@ from rsearch_verl.search.types import SearchFn
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MARKER = "...[truncated]"
-
-
-@dataclass
-class Trajectory:
-    response_ids: list[int] = field(default_factory=list)  # policy tokens and observation tokens, in order
-    response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = inserted observation
-    logprobs: list[float] = field(default_factory=list)  # rollout log-prob per token (0.0 on observations)
-    versions: list[int] = field(default_factory=list)  # policy version that sampled each token (-1 on observations)
-    segments: list[tuple[str, str]] = field(default_factory=list)  # ("policy" | "observation", text)
-    n_searches: int = 0
-    n_search_errors: int = 0  # searches that failed for good (after retries); each became an error observation
-    n_search_outages: int = 0  # of those, failures of the backend (timeout, connection, 5xx): not the policy's doing
-    n_turns: int = 0
-    finish_reason: str = "max_turns"  # one of rsearch_verl.batch.FINISH_REASONS
-    turn_timing: list[dict[str, float]] = field(default_factory=list)  # per turn {"gen_s", "search_s"}
-
-    @property
-    def response_text(self) -> str:
-        return "".join(text for _, text in self.segments)
-
-    def add(self, ids: list[int], mask: int, logprobs: list[float] | None, role: str, text: str,
-            versions: list[int] | None = None) -> None:  # fmt: skip
-        self.response_ids.extend(ids)
-        self.response_mask.extend([mask] * len(ids))
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-        self.versions.extend(versions if versions is not None else [-1] * len(ids))
-        self.segments.append((role, text))
 
 
 class _CountingSearch:
@@ -144,87 +117,77 @@ async def run_trajectory(
     prompt_ids: list[int],
     cfg: RSearchConfig,
     sampling: SamplingParams,
+    window: ContextWindow | None = None,
 ) -> Trajectory:
-    """One trajectory: turns of generation and search until an answer, EOS, max_turns or the token budget."""
+    """One trajectory: turns of generation and search until an answer, EOS, max_turns or the token budget; its
+    context kept within budget by `window` (rollout.context; built from `cfg` when not given)."""
     rc = cfg.rollout
-    traj = Trajectory()
+    window = window or ContextWindow(cfg, tokenizer, protocol, context_budget(cfg))
+    traj = Trajectory(list(prompt_ids))
     counted = _CountingSearch(search)  # this trajectory's own failures (a shared counter also sees the others')
     hidden = hidden_token_ids(tokenizer, protocol)
     for turn in range(rc.max_turns):
-        remaining = rc.max_response_length - len(traj.response_ids)
-        if remaining <= 0:
-            traj.finish_reason = "length"
-            break
         seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + turn) % (2**63)
-        params = dataclasses.replace(sampling, max_tokens=min(rc.max_tokens_per_turn, remaining), seed=seed)
-        start = time.perf_counter()
-        out = await engine.generate(prompt_ids + traj.response_ids, params, protocol.stop_strings)
-        timing = {"gen_s": time.perf_counter() - start, "search_s": 0.0}
-        traj.turn_timing.append(timing)
+        turn_sampling = dataclasses.replace(sampling, seed=seed)
+        if window.must_fold(traj) and not await window.fold(traj, engine, turn_sampling):
+            traj.finish_reason = "context"
+            break
+        room, by_context = window.turn_room(traj), window.context_binds(traj)
+        if room <= 0:
+            traj.finish_reason = "context" if by_context else "length"
+            break
+        out = await _generate_turn(engine, traj, turn_sampling, room, protocol.stop_strings)
         traj.n_turns += 1
         text = _decode_turn(tokenizer, out.token_ids, hidden)
         versions = list(out.versions) or [engine.version] * len(out.token_ids)
         traj.add(list(out.token_ids), 1, list(out.logprobs), "policy", text, versions)
+        traj.turns.append(Turn(list(out.token_ids)))
         action = protocol.parse_turn(turn_until_stop(text, out))
         if action.kind == "answer":
             traj.finish_reason = "answer"
             break
         if action.kind not in ("search", "invalid") or out.finish_reason != "stop":
-            traj.finish_reason = {"eos": "eos", "length": "length"}.get(out.finish_reason, "stop")
+            traj.finish_reason = _engine_finish(out, by_context)
             break
         if turn == rc.max_turns - 1:  # no turn left to read the results: do not search for nothing
             traj.finish_reason = "max_turns"
             break
         start = time.perf_counter()
         obs = await protocol.observe(action, counted, cfg.retriever.topk)
-        timing["search_s"] = time.perf_counter() - start
+        traj.turn_timing[-1]["search_s"] = time.perf_counter() - start
         traj.n_searches += int(action.kind == "search")
-        room = rc.max_response_length - len(traj.response_ids)
-        obs_ids, obs_text = observation_ids(tokenizer, obs, min(rc.max_obs_length, room), protocol.observation_close)
+        obs_room = window.obs_room(traj)
+        obs_ids, obs_text = observation_ids(
+            tokenizer, obs, min(rc.max_obs_length, obs_room), protocol.observation_close
+        )
         traj.add(obs_ids, 0, None, "observation", obs_text)
-        if len(traj.response_ids) >= rc.max_response_length:
+        traj.turns[-1].obs_ids = list(obs_ids)
+        if window.strategy == "none" and len(traj.response_ids) >= rc.max_response_length:
             traj.finish_reason = "length"
             break
     traj.n_search_errors, traj.n_search_outages = counted.errors, counted.outages
     return traj
 
 
+async def _generate_turn(engine: RolloutEngine, traj: Trajectory, sampling: SamplingParams, room: int, stop):
+    start = time.perf_counter()
+    out = await engine.generate(traj.row.context_ids, dataclasses.replace(sampling, max_tokens=room), stop)
+    traj.turn_timing.append({"gen_s": time.perf_counter() - start, "search_s": 0.0})
+    traj.count_generation(traj.row.context_len, len(out.token_ids))
+    return out
+
+
+def _engine_finish(out, by_context: bool) -> str:
+    """Why a turn that neither answered nor searched ended the trajectory: EOS, the turn's or row's length, or the
+    context budget (`by_context`: the turn was cut below its own budget by the context's)."""
+    if out.finish_reason == "length" and by_context:
+        return "context"
+    return {"eos": "eos", "length": "length"}.get(out.finish_reason, "stop")
+
+
 def trajectory_seed(base_seed: int, uid: str, row: int) -> int:
     """A stable per-trajectory seed (crc32, not hash(): Python salts str hashes per process)."""
     return zlib.crc32(f"{base_seed}:{uid}:{row}".encode()) * 1_000 + row % 1_000
-
-
-def _object_array(values: list) -> np.ndarray:
-    arr = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):  # element-wise: numpy would turn equal-length lists into a 2-D array
-        arr[i] = v
-    return arr
-
-
-def _pad_tensors(prompts: list[list[int]], trajs: list[Trajectory], pad_id: int, pad_prompt_to: int | None,
-                 pad_response_to: int | None) -> dict[str, torch.Tensor]:  # fmt: skip
-    width_p = max([len(p) for p in prompts] + [pad_prompt_to or 0])
-    width_r = max([len(t.response_ids) for t in trajs] + [pad_response_to or 0, 1])
-    b = len(trajs)
-    prompt_t = torch.full((b, width_p), pad_id, dtype=torch.long)
-    prompt_m = torch.zeros((b, width_p), dtype=torch.long)
-    resp_t = torch.full((b, width_r), pad_id, dtype=torch.long)
-    resp_attn = torch.zeros((b, width_r), dtype=torch.long)
-    resp_mask = torch.zeros((b, width_r), dtype=torch.long)
-    logp = torch.zeros((b, width_r), dtype=torch.float32)
-    versions = torch.full((b, width_r), -1, dtype=torch.long)
-    for i, (p, t) in enumerate(zip(prompts, trajs, strict=True)):
-        prompt_t[i, width_p - len(p) :] = torch.tensor(p, dtype=torch.long)
-        prompt_m[i, width_p - len(p) :] = 1
-        n = len(t.response_ids)
-        if n:
-            resp_t[i, :n] = torch.tensor(t.response_ids, dtype=torch.long)
-            resp_attn[i, :n] = 1
-            resp_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.long)
-            logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32) * resp_mask[i, :n]
-            versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
-    attn = torch.cat([prompt_m, resp_attn], dim=1)
-    return {**sequence_keys(prompt_t, resp_t, attn, resp_mask), "rollout_log_probs": logp, "rollout_versions": versions}
 
 
 def search_metrics(search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None):
@@ -235,7 +198,7 @@ def search_metrics(search, counted: _CountingSearch, wall_s: float, breaker: Cir
         out.update(search.metrics(reset=True))  # one window per batch (per training step)
     if breaker is not None:
         out.update(breaker.metrics(reset=True))
-    out["search/errors"] = float(counted.errors)  # failures the trajectories saw (after the client's retries)
+    out[sig.SEARCH_ERRORS] = float(counted.errors)  # failures the trajectories saw (after the client's retries)
     return out
 
 
@@ -263,6 +226,7 @@ async def generate_batch_async(
         search = process_search_client(cfg.retriever)
         breaker = process_breaker(cfg.retriever) if cfg.retriever.breaker.enable else None
     counted = _CountingSearch(breaker or search)
+    window = ContextWindow(cfg, tokenizer, protocol, context_budget(cfg))
     base_seed = int(prompts.meta_info.get("seed", cfg.seed))
     sem = asyncio.Semaphore(max(1, rc.max_concurrent_trajectories))
 
@@ -271,7 +235,7 @@ async def generate_batch_async(
         sampling.seed = trajectory_seed(base_seed, str(nt["uid"][row]), row)
         async with sem:
             prompt_ids = list(nt["prompt_ids"][row])
-            return await run_trajectory(engine, tokenizer, protocol, counted, prompt_ids, cfg, sampling)
+            return await run_trajectory(engine, tokenizer, protocol, counted, prompt_ids, cfg, sampling, window)
 
     start = time.perf_counter()
     try:
@@ -281,17 +245,8 @@ async def generate_batch_async(
             await search.aclose()
     metrics = search_metrics(search, counted, time.perf_counter() - start, breaker)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    tensors = _pad_tensors([list(p) for p in nt["prompt_ids"]], trajs, pad_id, pad_prompt_to, pad_response_to)
-    non_tensors = {key: nt[key] for key in nt}
-    non_tensors.update(
-        response_text=_object_array([t.response_text for t in trajs]),
-        segments=_object_array([t.segments for t in trajs]),
-        n_searches=_object_array([t.n_searches for t in trajs]),
-        n_turns=_object_array([t.n_turns for t in trajs]),
-        finish_reason=_object_array([t.finish_reason for t in trajs]),
-        search_failed=_object_array([t.n_search_outages > 0 for t in trajs]),
-        turn_timing=_object_array([t.turn_timing for t in trajs]),
-    )
+    # one row per segment: a trajectory whose context folded is several rows (rollout/context.py)
+    tensors, non_tensors = rows_to_batch(trajs, {key: nt[key] for key in nt}, pad_id, pad_prompt_to, pad_response_to)
     meta = {**prompts.meta_info, "metrics": metrics}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
