@@ -33,7 +33,7 @@ tmp_dir=$(mktemp -d)
 trap 'rm -rf "$tmp_dir"' EXIT
 job_env="$tmp_dir/runtime_env.yaml"
 # shellcheck disable=SC2086  # FORWARD_ENV is a list of names
-"$PY" -m rsearch_verl.trainer.secrets "$RUNTIME_ENV" "$job_env" ${FORWARD_ENV:-}
+"$PY" -m rsearch_verl.secrets "$RUNTIME_ENV" "$job_env" ${FORWARD_ENV:-}
 args=(--address "$RAY_ADDRESS" --working-dir . --runtime-env "$job_env")
 [ -n "${NO_WAIT:-}" ] && args+=(--no-wait)
 [ -n "${SUBMISSION_ID:-}" ] && args+=(--submission-id "$SUBMISSION_ID")

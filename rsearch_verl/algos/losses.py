@@ -29,6 +29,7 @@ import torch
 from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as verl_F
 
+from rsearch_verl import signals as sig
 from rsearch_verl.algos.kl import kl_estimate, masked_token_mean
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -140,7 +141,7 @@ def policy_loss(
 
     loss = agg_loss(losses, mask_f, loss_agg_mode, denominator=denominator, loss_scale_factor=loss_scale_factor)
     metrics = {
-        "actor/pg_loss": float(loss.detach()),
+        sig.PG_LOSS: float(loss.detach()),
         "actor/pg_clipfrac": float(clipfrac),
         "actor/pg_clipfrac_lower": float(clipfrac_lower),
         "actor/ppo_kl": float(masked_token_mean(-log_ratio.detach(), mask_f)),
@@ -187,7 +188,7 @@ def value_loss(
     else:
         loss, clipfrac = agg_loss(values * 0.0, mask_f, loss_agg_mode), torch.zeros(())
     metrics = {
-        "critic/vf_loss": float(loss.detach()),
+        sig.VF_LOSS: float(loss.detach()),
         "critic/vf_clipfrac": float(clipfrac),
         "critic/vpred_mean": float(masked_token_mean(values.detach(), mask_f)),
     }
@@ -220,4 +221,4 @@ def kl_loss(
     kl = kl_estimate(log_prob, ref_log_prob, kind)
     mask_f = response_mask.to(kl.dtype)
     loss = agg_loss(kl, mask_f, loss_agg_mode, denominator=denominator, loss_scale_factor=loss_scale_factor)
-    return loss, {"actor/kl_loss": float(loss.detach())}
+    return loss, {sig.KL_LOSS: float(loss.detach())}

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import BreakerConfig
 from rsearch_verl.search.client import SearchError
 from rsearch_verl.search.types import Doc, SearchFn
@@ -79,7 +80,7 @@ class CircuitBreaker:
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """Trips and seconds searches spent paused since the last reset (per rollout batch)."""
-        out = {"search/breaker_trips": float(self._counts["trips"]), "search/breaker_wait_s": self._counts["wait_s"]}
+        out = {sig.BREAKER_TRIPS: float(self._counts["trips"]), sig.BREAKER_WAIT_S: self._counts["wait_s"]}
         if reset:
             self._counts = {"trips": 0, "wait_s": 0.0}
         return out

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 import httpx
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import RetrieverConfig
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.service import RetrieverError, RetrieverService
@@ -84,7 +85,7 @@ class RetrieverSupervisor:
             if self._down_since is not None:  # an outage still open: count its time so far in this step
                 self._step["down_s"] += now - max(self._down_since, self._accounted_until or self._down_since)
                 self._accounted_until = now
-            out = {"retriever/restarts": float(self._step["restarts"]), "retriever/down_s": self._step["down_s"]}
+            out = {sig.RETRIEVER_RESTARTS: float(self._step["restarts"]), sig.RETRIEVER_DOWN_S: self._step["down_s"]}
             self._step = {"restarts": 0, "down_s": 0.0}
             return out
 

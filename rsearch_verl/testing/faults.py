@@ -17,7 +17,7 @@ import contextlib
 import functools
 import os
 
-from rsearch_verl.trainer.health import signals as sig
+from rsearch_verl import signals as sig
 
 NAN_LOSS_STEP_ENV = "RSEARCH_FAULT_NAN_LOSS_STEP"
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
+from rsearch_verl import signals as sig
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
 from rsearch_verl.algos.off_policy import importance_weights
@@ -19,7 +20,6 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
-from rsearch_verl.trainer.health import signals as sig
 
 
 def reward_inputs(batch: DataProto) -> list[RewardInput]:

@@ -25,13 +25,13 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import WatchdogConfig
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.client import SearchAuthError
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
-from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.health.watchdog import Watchdog
 

@@ -20,11 +20,11 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from rsearch_verl import signals as sig
 from rsearch_verl.algos.losses import value_loss
 from rsearch_verl.config import from_omegaconf
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import load_model, policy_tokenizer
-from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.workers import fsdp, lora, sharded_checkpoint
 from rsearch_verl.workers.forward import (
     check_remove_padding,

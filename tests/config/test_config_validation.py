@@ -91,7 +91,7 @@ def test_misspelled_key_names_close_matches_with_or_without_plus():
 
 
 def test_retriever_token_is_a_key_that_config_yaml_and_logs_never_show():
-    from rsearch_verl.trainer.secrets import worker_secrets
+    from rsearch_verl.secrets import worker_secrets
 
     cfg = load_config(["+recipe=search_r1_ppo", "retriever.url=http://h:8000", "retriever.token=abc"])
     assert to_dict(cfg)["retriever"]["token"] == "abc"  # what the workers' search clients get

@@ -1,4 +1,4 @@
-"""Every metric run health reads is written (rsearch_verl/trainer/health/signals.py): the writers on the driver and
+"""Every metric run health reads is written (rsearch_verl/signals.py): the writers on the driver and
 rollout side run here on a tiny batch, and each name the watchdog, the health record and the run control read must
 come out of one of them. A writer renaming a metric without the reader fails this test (the workers' update metrics:
 tests/workers/test_workers_fsdp.py and test_workers_mixed_precision.py)."""
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
+from rsearch_verl import signals as sig
 from rsearch_verl.algos.losses import kl_loss, policy_loss, value_loss
 from rsearch_verl.config import BreakerConfig, RetrieverConfig, RSearchConfig, WatchdogConfig
 from rsearch_verl.rollout.agent_loop import _CountingSearch, search_metrics
@@ -18,7 +19,6 @@ from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.testing.batches import sequence_tensors
 from rsearch_verl.trainer import phases
-from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.trainer.health.report import COUNTED, RunHealth
 from rsearch_verl.trainer.loop import Trainer
 from rsearch_verl.trainer.run_control import RunControl

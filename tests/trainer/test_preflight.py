@@ -13,10 +13,10 @@ import time
 import pytest
 
 from rsearch_verl.config import WatchdogConfig, load_config
+from rsearch_verl.secrets import worker_secrets
 from rsearch_verl.trainer import session
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.preflight import PreflightError, check_run_dir, preflight, wait_for_retriever
-from rsearch_verl.trainer.secrets import worker_secrets
 
 
 def _dead_url() -> str:

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import WatchdogConfig
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
-from rsearch_verl.trainer.health import signals as sig
 from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.run_control import RunControl
 

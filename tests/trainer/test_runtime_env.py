@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from rsearch_verl.trainer.secrets import write_runtime_env
+from rsearch_verl.secrets import write_runtime_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_ENV = ROOT / "launch" / "runtime_env.yaml"

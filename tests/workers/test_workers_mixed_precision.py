@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 from verl import DataProto
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import load_config, to_dict
 from rsearch_verl.testing.batches import sequence_tensors
-from rsearch_verl.trainer.health import signals as sig
 
 P, R, B = 6, 10, 4
 

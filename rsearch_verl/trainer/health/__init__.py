@@ -4,7 +4,7 @@
     watchdog.py    after every step: NaN / inf, log-prob gap, answer-rate collapse, entropy collapse or explosion,
                    response-length blow-up; a trip rolls back to the last complete checkpoint at a lower lr
     report.py      what happened, for summary.json (status ok | degraded | stopped, with reasons)
-    signals.py     the metric names these read, shared with the code that writes them
+The metric names these read, shared with the code that writes them: rsearch_verl/signals.py.
 The run control that acts on them between steps (rollback, stop) is rsearch_verl/trainer/run_control.py.
 The circuit breaker that pauses searches while the retriever is down runs in the rollout processes:
 rsearch_verl/search/breaker.py.

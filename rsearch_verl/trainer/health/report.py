@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from rsearch_verl.trainer.health import signals as sig
+from rsearch_verl import signals as sig
 
 # step metric -> counter in the record
 COUNTED = {

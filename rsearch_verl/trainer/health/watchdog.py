@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config import WatchdogConfig
-from rsearch_verl.trainer.health import signals as sig
 
 SIGNALS = ("nonfinite", "logprob_gap", "answer_collapse", "entropy_collapse", "entropy_explode", "length_blowup")
 MIN_ANSWER_BASELINE = 0.2  # below this share there is no format-valid rate to collapse from

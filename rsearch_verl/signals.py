@@ -3,8 +3,11 @@ that writes them. A name read here and written nowhere would silently switch a s
 None), so tests run the writers and check that every name read here comes out (tests/trainer/test_health_signals.py:
 the driver's and the rollout's; tests/workers/test_workers_fsdp.py: the workers' updates).
 
-The trainer and the workers write these constants; search/ (which imports nothing from trainer/), the agent loop and the
-pure losses of rsearch_verl/algos spell their names themselves, and the test is what keeps them in step.
+It sits on the bottom floor (imports nothing above it), so every writer uses these constants: the trainer, the
+workers, the pure losses of rsearch_verl/algos, search/ and the agent loop; trainer/health/ reads them.
+
+    from rsearch_verl import signals as sig
+    metrics[sig.SEARCH_ERRORS] = float(n_errors)
 """
 
 from __future__ import annotations

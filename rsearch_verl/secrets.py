@@ -2,15 +2,16 @@
 
 Ray workers do not inherit the driver's environment on a cluster, so a token exported in the submitting shell never
 reaches the rollout workers that search with it. The session (rsearch_verl/trainer/session.py) puts these variables
-into the local Ray runtime env, placement code may add them to a worker actor's `runtime_env` env_vars, and
+into the local Ray runtime env, placement code (rsearch_verl/workers/) adds them to a worker actor's env_vars, and
 launch/submit.sh forwards them into the job's runtime env. The values are never logged nor written to config.yaml:
-log the names (`secret_names`) only.
+log the names (`secret_names`) only. It sits on the bottom floor (imports nothing above it), so the trainer and the
+workers both read it without importing each other.
 
-    from rsearch_verl.trainer.secrets import worker_secrets
+    from rsearch_verl.secrets import worker_secrets
     env_vars = {**other_vars, **worker_secrets(cfg)}   # {"RETRIEVER_TOKEN": "...", ...}: only those that are set
 
     # launch/submit.sh: the job's runtime env plus the secrets set in this shell, in a file only its owner can read
-    python -m rsearch_verl.trainer.secrets launch/runtime_env.yaml OUT.yaml [MORE_VAR ...]
+    python -m rsearch_verl.secrets launch/runtime_env.yaml OUT.yaml [MORE_VAR ...]
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def write_runtime_env(src: str, dst: str, extra: Sequence[str] = (), environ: Ma
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2:
-        logger.error("usage: python -m rsearch_verl.trainer.secrets SRC.yaml DST.yaml [MORE_VAR ...]")
+        logger.error("usage: python -m rsearch_verl.secrets SRC.yaml DST.yaml [MORE_VAR ...]")
         return 2
     forwarded = write_runtime_env(argv[0], argv[1], argv[2:])
     # names only: the values stay out of every log
