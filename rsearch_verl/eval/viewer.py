@@ -9,8 +9,8 @@ shown in `<span class="obs">` with a grey background, policy tokens plain. The s
 `segments` field when present (`[[text, 0|1], ...]`; the agent loop's `[role, text]` pairs work too); otherwise each
 contiguous run of equal `response_mask` is decoded with the run's tokenizer (`--tokenizer DIR`, else `config.yaml` ->
 `model.tokenizer_path` / `model.path`; nothing is downloaded); without either the response is shown unmarked.
-The answer shown is the dump's `answer`, else the run's protocol's `extract_answer` (`config.yaml` ->
-`rollout.protocol`, default search_r1) on the policy segments, exactly as the rewards read it.
+The answer shown is the dump's `answer`, else the run's protocol's `extract_answer` (`protocol_for` on the run's
+`config.yaml`; the default protocol when that does not load) on the policy segments, exactly as the rewards read it.
 
 The page has inline CSS and JS only (no external resources) and every piece of text is HTML-escaped, so a
 trajectory containing `<information>` or `<script>` shows as text. A filter box narrows trajectories by text and
@@ -28,7 +28,8 @@ import os
 import re
 from types import SimpleNamespace
 
-from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
+from rsearch_verl.config import RSearchConfig, from_omegaconf
+from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol, protocol_for
 from rsearch_verl.segments import OBSERVATION as OBS_ROLE
 from rsearch_verl.segments import POLICY as POLICY_ROLE
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 OBS, POLICY = 0, 1
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
-DEFAULT_PROTOCOL = "search_r1"  # the config's default rollout.protocol
+DEFAULT_PROTOCOL = RSearchConfig().rollout.protocol  # the schema's default, for records that do not load
 
 
 def find_steps(run_dir: str) -> list[int]:
@@ -76,13 +77,15 @@ def load_run_config(run_dir: str) -> dict:
 
 
 def run_protocol(cfg: dict) -> SearchProtocol:
-    """The run's search protocol (`rollout.protocol`); the default one when unknown, so the page still renders."""
-    rollout = cfg.get("rollout") or {}
-    name = rollout.get("protocol") or DEFAULT_PROTOCOL
+    """The run's search protocol, built from its config.yaml by the one function that builds a run's protocol
+    (`protocol_for`, as training and evaluation do); the default protocol when the record does not load as this
+    version's config (an older or newer run), so the page still renders."""
+    if not cfg:
+        return get_protocol(DEFAULT_PROTOCOL)
     try:
-        return get_protocol(name, **(rollout.get("protocol_kwargs") or {}))
-    except Exception as exc:  # an unknown or renamed protocol must not stop the page; answers may then read worse
-        logger.warning("viewer: protocol %r unavailable (%s); reading answers as %s", name, exc, DEFAULT_PROTOCOL)
+        return protocol_for(from_omegaconf(cfg))
+    except Exception as exc:  # an unknown or renamed key or protocol must not stop the page; answers may read worse
+        logger.warning("viewer: the run's config does not load (%s); reading answers as %s", exc, DEFAULT_PROTOCOL)
         return get_protocol(DEFAULT_PROTOCOL)
 
 
