@@ -34,11 +34,15 @@ logger = logging.getLogger("rsearch_verl")
 
 
 def run(cfg: RSearchConfig, run_dir: str) -> dict:
-    """Train `cfg` into `run_dir`; return the final summary (also logged)."""
+    """Train `cfg` into `run_dir`, then draw its learning curves (`plots/`); return the final summary (also logged)."""
+    # imported here: torch, Ray and matplotlib load when a run starts, not for `--help` or a rejected override
+    from rsearch_verl.eval.plots import make_plots
     from rsearch_verl.trainer.session import TrainingSession
 
     with TrainingSession(cfg, run_dir) as session:
-        return session.train()
+        summary = session.train()
+    logger.info("plots: %s", ", ".join(make_plots(run_dir)))
+    return summary
 
 
 register_schema()

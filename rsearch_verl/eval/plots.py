@@ -5,7 +5,7 @@ Reads `<run_dir>/metrics.jsonl` (the run-directory contract of docs/architecture
 in the file is skipped and the skip is logged, so a run without validation or without KL still gets the other curves.
 
     python -m rsearch_verl.eval.plots RUN_DIR          # CLI; prints the written paths
-    paths = make_plots(run_dir)                        # what the trainer calls at the end of a run
+    paths = make_plots(run_dir)                        # what rsearch_verl.main.run calls after the training run
 """
 
 from __future__ import annotations

@@ -146,11 +146,7 @@ class TrainingSession:
         except RunStopped:
             self._summarise(trainer.history, trainer.health.summary())
             raise
-        summary = self._summarise(history, trainer.health.summary())
-        from rsearch_verl.eval.plots import make_plots
-
-        logger.info("plots: %s", ", ".join(make_plots(self.run_dir)))
-        return summary
+        return self._summarise(history, trainer.health.summary())
 
     def _summarise(self, history: list[dict], health: dict) -> dict:
         vals = [row for row in history if "val/em" in row]
