@@ -38,6 +38,14 @@ Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
     search_failed   bool            a search failed for an outage reason (timeout, connection, 5xx): with
                                     retriever.breaker.drop_failed the driver zeroes the row's loss_mask
     turn_timing     list[dict]      per turn: {"gen_s", "search_s"}
+    context_stats   dict            per trajectory: context_tokens_mean / _max, prefill_tokens, tokens_processed, folds
+    traj_id         str             the trajectory a row belongs to: a trajectory whose context folded
+                                    (rollout.context, rollout/context.py) is several rows, one per segment, each
+                                    with the context it was generated in as its prompt. The trajectory-level keys
+                                    above (response_text, segments, n_searches, ..., reward, answer) are repeated on
+                                    each of its rows; trajectory statistics read the last row only (`last_rows`)
+    segment_index   int             0, 1, ... within the trajectory
+    last_segment    bool            the trajectory's last row
     reward, answer                  (reward phase)
 
 meta_info: `validate` (bool), `seed` (int), `kl_coef` (float, set before the updates), `metrics` (dict, from workers).
@@ -45,9 +53,12 @@ meta_info: `validate` (bool), `seed` (int), `kl_coef` (float, set before the upd
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-FINISH_REASONS = ("answer", "eos", "max_turns", "length", "stop")  # why a trajectory ended (agent loop)
+# why a trajectory ended (agent loop); "context": its context budget ran out (rollout.context.strategy=none, or a fold
+# that could not make room)
+FINISH_REASONS = ("answer", "eos", "max_turns", "length", "stop", "context")
 TENSOR_KEYS_FROM_ROLLOUT = (
     "prompts",
     "responses",
@@ -90,6 +101,23 @@ def loss_mask(batch_tensors, mask_observations: bool, dropped: torch.Tensor | No
     if dropped is not None and bool(dropped.any()):
         mask = mask * (~dropped).to(mask.dtype).unsqueeze(1)
     return mask
+
+
+def last_rows(non_tensors) -> np.ndarray:
+    """[B] bool: the rows that stand for their trajectory (its last segment; every row of a batch without folds)."""
+    if "last_segment" not in non_tensors:
+        return np.ones(len(non_tensors["uid"]), dtype=bool)
+    return np.array([bool(x) for x in non_tensors["last_segment"]], dtype=bool)
+
+
+def rows_of_trajectories(non_tensors) -> np.ndarray:
+    """[B] int: for each row, the position among the batch's last rows of its trajectory's last row."""
+    last = last_rows(non_tensors)
+    if "traj_id" not in non_tensors:
+        return np.arange(len(last))
+    ids = non_tensors["traj_id"]
+    where = {ids[i]: k for k, i in enumerate(np.flatnonzero(last))}
+    return np.array([where[t] for t in ids], dtype=np.int64)
 
 
 def trim_padding(tensors) -> None:

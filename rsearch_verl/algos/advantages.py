@@ -109,10 +109,18 @@ def compute_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    trajectory: np.ndarray | None = None,
+    last: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns ([B, R] each, float32, zero where `response_mask` is 0) of estimator `name`.
 
     `token_level_rewards` [B, R]; `index` [B] group ids; `values` [B, R] for "gae" only. Unknown name -> ValueError.
+    `trajectory` [B] and `last` [B] bool (rows of folded trajectories, rsearch_verl/batch.py `rows_of_trajectories` and
+    `last_rows`): row i belongs to the trajectory whose last row is the trajectory[i]-th row with `last`. A group
+    estimator then compares trajectories, not rows: it runs on the last rows (one per trajectory, each holding the
+    outcome on its last policy token) and every row of a trajectory gets that trajectory's advantage on its policy
+    tokens. The others (gae, reinforce_plus_plus) work token by token on every row, each row holding the outcome on
+    its own last policy token.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
@@ -129,6 +137,8 @@ def compute_advantage(
     # rewards at observation/padding positions are not the policy's: drop them (they are 0 in normal batches)
     rewards = torch.where(mask.bool(), token_level_rewards.to(torch.float32), torch.zeros_like(mask))
     index = np.asarray(index, dtype=object)
+    if trajectory is not None and name in GROUP_ESTIMATORS and not np.asarray(last).all():
+        return _per_trajectory(name, rewards, mask, index, (trajectory, last), norm_adv_by_std_in_grpo)
     if name in _WHITENED and int(mask.sum()) < 2:
         return _degenerate(name, rewards, mask)
     with torch.no_grad():
@@ -142,6 +152,23 @@ def compute_advantage(
             norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
         )
     return advantages * mask, returns * mask
+
+
+def _per_trajectory(name, rewards, mask, index, rows_of, norm_adv_by_std_in_grpo):
+    """A group estimator over trajectories of several rows (see `compute_advantage`): run on each trajectory's last
+    row, then give every row its trajectory's (row-constant) advantage and return."""
+    trajectory, rows = rows_of[0], np.flatnonzero(np.asarray(rows_of[1], dtype=bool))
+    adv, ret = compute_advantage(
+        name,
+        token_level_rewards=rewards[rows],
+        response_mask=mask[rows],
+        index=index[rows],
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+    count = mask[rows].sum(-1).clamp(min=1)
+    per_traj_adv, per_traj_ret = adv.sum(-1) / count, ret.sum(-1) / count  # constant over a row's policy tokens
+    owner = torch.as_tensor(trajectory, dtype=torch.long)
+    return per_traj_adv[owner].unsqueeze(-1) * mask, per_traj_ret[owner].unsqueeze(-1) * mask
 
 
 def _degenerate(name: str, rewards: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

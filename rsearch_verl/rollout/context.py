@@ -117,11 +117,12 @@ class ContextWindow:
             new_context = await self._summarise(traj, engine, sampling)
         else:
             new_context = self._dropped_context(traj)
-        if new_context is None:
-            return False
+        reserve = self._note_reserve() if self.strategy == "summary" else 0
+        if new_context is None or len(new_context) + self.rc.max_tokens_per_turn + reserve > self.budget:
+            return False  # no room for a whole turn even after the fold: the trajectory ends in its current row
         traj.open_row(new_context)
         traj.folds += 1
-        return self.turn_room(traj) >= 1
+        return True
 
     def _dropped_context(self, traj) -> list[int] | None:
         """The prompt and the newest turns that fit (observations beyond the recent ones as markers)."""
@@ -159,7 +160,4 @@ class ContextWindow:
         note = self.note_open_ids + list(out.token_ids)
         if out.finish_reason != "stop":  # cut off: close the note so the next context stays well formed
             note += self.tokenizer.encode(NOTE_CLOSE, add_special_tokens=False)
-        context = traj.prompt_ids + note
-        if len(context) + self.rc.max_tokens_per_turn > self.budget:
-            return None
-        return context
+        return traj.prompt_ids + note

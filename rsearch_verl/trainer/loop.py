@@ -34,10 +34,11 @@ from rsearch_verl.rollout.protocols import SearchProtocol
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.checkpoint import CheckpointManager
+from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
-from rsearch_verl.trainer.run_control import RunControl
+from rsearch_verl.trainer.run_control import Continue, RollbackTo, RunControl, Stop
 from rsearch_verl.workers.metrics import reduce_metrics
 from rsearch_verl.workers.placement import WorkerGroups
 
@@ -79,8 +80,8 @@ class Trainer:
         )
         self.history: list[dict] = []
         self.health = RunHealth()
-        # between steps: the watchdog's rollbacks, stops and what they save (trainer/run_control.py)
-        self.control = RunControl(self, self.ckpts, self.health, cfg.trainer.watchdog, supervisor)
+        # between steps: decides the watchdog's rollbacks, stops and what they save; this loop carries them out
+        self.control = RunControl(self.ckpts, self.health, cfg.trainer.watchdog, supervisor)
         self._rollout_idle = workers.rollout_idle_seconds()  # the split rollout workers' idle clock at the last step
 
     # ---------------------------------------------------------------- one step
@@ -93,6 +94,8 @@ class Trainer:
                 batch = self.rollouts.take(step)
             metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
             self._set_loss_mask(batch, step, metrics)  # the one place that decides which tokens any loss sees
+            batch, fit_metrics = phases.fit_rows(batch, cfg)  # folded trajectories: rows padded for the updates
+            metrics.update(fit_metrics)
             batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
             # 2. rewards from the recipe's reward function (rule-based or judged)
             with timed(timing, "reward"):
@@ -223,19 +226,18 @@ class Trainer:
     def fit(self, progress=None) -> list[dict]:
         start = self.maybe_resume()
         self.control.done_step = start
-        try:
-            self._run(start, progress)
-        except Exception as exc:
-            stop = self.control.stopped(exc)
-            if stop is None:
-                raise
-            logger.error("%s", stop)
-            raise stop from exc
-        finally:
-            self.metrics.close()
+        with contextlib.closing(self.metrics):
+            try:
+                stop, cause = self._run(start, progress), None  # a Stop here: the watchdog cannot roll back
+            except Exception as exc:
+                stop, cause = self.control.stopped(exc), exc  # the Stop an error amounts to
+                if stop is None:  # a crash: raised as it is
+                    raise
+            if stop is not None:
+                self._halt(stop, cause)
         return self.history
 
-    def _run(self, start: int, progress) -> None:
+    def _run(self, start: int, progress) -> Stop | None:
         cfg, control = self.cfg.trainer, self.control
         if start == 0 and cfg.val_before_train:
             with control.supervised(0):
@@ -245,21 +247,45 @@ class Trainer:
             step += 1
             with control.supervised(step):
                 metrics = self.train_step(step)
-            restored = control.judge(step, metrics)
-            if restored is not None:  # the watchdog tripped: rolled back, the step's row is never logged
-                step = restored
+            decision = control.judge(step, metrics)
+            if isinstance(decision, Stop):
+                return decision
+            if isinstance(decision, RollbackTo):  # the step's row is never logged; the steps after it are redone
+                step = self._roll_back(decision)
                 continue
-            self.rollouts.applied()
-            last = step == cfg.total_steps
+            self._commit(step, decision, progress)
+        return None
+
+    def _commit(self, step: int, decision: Continue, progress) -> None:
+        """The update of `step` counts. In this order: the pipeline lets go of the step's batch (a checkpoint stores
+        the loader after it), validation when due, the row (written also when validation is cut short: a stop then
+        saves this update, and its row must be in metrics.jsonl), the checkpoint when due."""
+        cfg, row = self.cfg.trainer, dict(decision.row)
+        self.rollouts.applied()
+        last = step == cfg.total_steps
+        try:
             if last or (cfg.test_freq > 0 and step % cfg.test_freq == 0):
-                with control.supervised(step):
-                    metrics.update(self.validate())
-            self.log(metrics, step)
-            control.logged()
-            if last or (cfg.save_freq > 0 and step % cfg.save_freq == 0):
-                self.save(step)
-            if progress is not None:
-                progress(step, metrics)
+                with self.control.supervised(step):
+                    row.update(self.validate())
+        finally:
+            self.log(row, step)
+        if last or (cfg.save_freq > 0 and step % cfg.save_freq == 0):
+            self.save(step)
+        if progress is not None:
+            progress(step, row)
+
+    def _roll_back(self, to: RollbackTo) -> int:
+        """Restore the checkpoint, then lower the lr (the restore loads the optimizer's lr); the restored step."""
+        step, _ = self.restore(to.path)
+        self.set_lr_scale(to.lr_scale)
+        return step
+
+    def _halt(self, stop: Stop, cause: BaseException | None) -> None:
+        """Save what the stop saves, then raise it (python -m rsearch_verl.main exits 3)."""
+        if stop.save_step is not None:
+            self.save(stop.save_step)
+        logger.error("%s", stop.message)
+        raise RunStopped(stop.message) from cause
 
     def log(self, metrics: dict, step: int) -> None:
         if metrics:

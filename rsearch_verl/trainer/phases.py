@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
+from rsearch_verl import batch as batch_keys
 from rsearch_verl import signals as sig
 from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.kl import apply_kl_penalty, kl_coef_at
@@ -22,10 +23,11 @@ from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
 
 
-def reward_inputs(batch: DataProto) -> list[RewardInput]:
+def reward_inputs(batch: DataProto, rows: np.ndarray | None = None) -> list[RewardInput]:
+    """The reward function's input of each row in `rows` (default: every row)."""
     nt = batch.non_tensor_batch
     items = []
-    for i in range(len(batch)):
+    for i in range(len(batch)) if rows is None else rows:
         items.append(
             RewardInput(
                 response=str(nt["response_text"][i]),
@@ -41,21 +43,27 @@ def reward_inputs(batch: DataProto) -> list[RewardInput]:
 
 def reward_phase(batch: DataProto, cfg: RSearchConfig, protocol: SearchProtocol) -> tuple[DataProto, dict[str, float]]:
     """Score every trajectory with the recipe's reward; put the score on its last policy token. The reward reads
-    answers with the run's `protocol` (rollout.protocol: the one the rollout used, built once by the driver)."""
-    items, judge = reward_inputs(batch), cfg.reward.judge
-    results = compute_rewards(cfg.reward.name, items, judge_cfg=judge, protocol=protocol, **cfg.reward.kwargs)
+    answers with the run's `protocol` (rollout.protocol: the one the rollout used, built once by the driver).
+    A trajectory of several rows (its context folded) is scored once, and every row gets its score on its own last
+    policy token: the rows share the trajectory's outcome."""
+    nt = batch.non_tensor_batch
+    last, owner = np.flatnonzero(batch_keys.last_rows(nt)), batch_keys.rows_of_trajectories(nt)
+    items, judge = reward_inputs(batch, last), cfg.reward.judge
+    per_traj = compute_rewards(cfg.reward.name, items, judge_cfg=judge, protocol=protocol, **cfg.reward.kwargs)
+    results = [per_traj[k] for k in owner]
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     batch.batch["token_level_scores"] = scores_to_token_rewards(scores, batch.batch["response_mask"])
     batch.non_tensor_batch["reward"] = np.array([r.score for r in results], dtype=object)
     batch.non_tensor_batch["answer"] = np.array([r.answer for r in results], dtype=object)
+    traj_scores = torch.tensor([r.score for r in per_traj], dtype=torch.float32)
     metrics = {
-        sig.REWARD: float(scores.mean()),
-        "reward/max": float(scores.max()),
-        "reward/min": float(scores.min()),
+        sig.REWARD: float(traj_scores.mean()),
+        "reward/max": float(traj_scores.max()),
+        "reward/min": float(traj_scores.min()),
     }
-    keys = sorted({k for r in results for k in r.metrics})
+    keys = sorted({k for r in per_traj for k in r.metrics})
     for key in keys:
-        metrics[f"reward/{key}_mean"] = float(np.mean([r.metrics.get(key, 0.0) for r in results]))
+        metrics[f"reward/{key}_mean"] = float(np.mean([r.metrics.get(key, 0.0) for r in per_traj]))
     return batch, metrics
 
 
@@ -88,12 +96,38 @@ def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[Da
         gamma=cfg.algorithm.gamma,
         lam=cfg.algorithm.lam,
         norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        # folded trajectories: their rows share the trajectory's outcome and advantage
+        trajectory=batch_keys.rows_of_trajectories(batch.non_tensor_batch),
+        last=batch_keys.last_rows(batch.non_tensor_batch),
     )
     tensors["advantages"], tensors["returns"] = advantages, returns
     valid = loss_mask.bool()
     metrics["critic/advantages_mean"] = float(advantages[valid].mean()) if valid.any() else 0.0
     metrics["critic/returns_mean"] = float(returns[valid].mean()) if valid.any() else 0.0
     return batch, metrics
+
+
+def fit_rows(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, dict[str, float]]:
+    """Fit a batch of folded trajectories (more rows than trajectories, rollout/context.py) to the workers: pad the rows
+    to a multiple of the workers x each update's mini-batches with copies of rows that have no loss (loss_mask 0, not
+    a last row), and set `meta_info["mini_batches"]` (role -> optimizer steps per epoch: trajectories / the role's
+    ppo_mini_batch_size, as without folds). A batch without folds is returned as it is."""
+    last = batch_keys.last_rows(batch.non_tensor_batch)
+    n_traj, n_rows = int(last.sum()), len(last)
+    if n_rows == n_traj:
+        return batch, {}
+    steps = {"actor": max(1, n_traj // cfg.actor.ppo_mini_batch_size)}
+    if cfg.use_critic:
+        steps["critic"] = max(1, n_traj // cfg.critic.ppo_mini_batch_size)
+    divisor = cfg.world_size * int(np.lcm.reduce(list(steps.values())))
+    pad = -n_rows % divisor
+    if pad:
+        copies = batch.select_idxs(np.arange(pad) % n_rows)
+        copies.batch["loss_mask"] = torch.zeros_like(copies.batch["loss_mask"])
+        copies.non_tensor_batch["last_segment"] = np.array([False] * pad, dtype=object)
+        batch = DataProto.concat([batch, copies])
+    batch.meta_info["mini_batches"] = steps
+    return batch, {"rollout/update_rows": float(len(batch)), "rollout/padding_rows": float(pad)}
 
 
 def current_kl_coef(cfg: RSearchConfig, step: int) -> float:
@@ -105,27 +139,56 @@ def current_kl_coef(cfg: RSearchConfig, step: int) -> float:
 
 def rollout_metrics(batch: DataProto) -> dict[str, float]:
     """The per-trajectory statistics of a rollout (`rollout/*`), computed once, here, on the whole batch the step
-    trains on (the rollout workers report only timing and search counters: agent_loop.search_metrics)."""
+    trains on (the rollout workers report only timing and search counters: agent_loop.search_metrics). Trajectory
+    statistics read each trajectory's last row; `rollout/response_len_mean` and `policy_tokens_mean` are per row."""
     nt, mask = batch.non_tensor_batch, batch.batch["response_mask"]
     resp_len = batch.batch["responses"].shape[1]
     lengths = batch.batch["attention_mask"][:, -resp_len:].sum(-1).float()
-    searches = nt["n_searches"].astype(float)
+    last = batch_keys.last_rows(nt)
+    searches = nt["n_searches"][last].astype(float)
+    turns = nt["n_turns"][last].astype(float)
     out = {
         "rollout/searches_mean": float(np.mean(searches)),
         "rollout/searches_max": float(np.max(searches)),
-        "rollout/turns_mean": float(np.mean(nt["n_turns"].astype(float))),
+        "rollout/turns_mean": float(np.mean(turns)),
+        "rollout/turns_p50": float(np.percentile(turns, 50)),
+        "rollout/turns_p90": float(np.percentile(turns, 90)),
+        "rollout/turns_max": float(np.max(turns)),
         sig.RESPONSE_LEN: float(lengths.mean()),
         "rollout/policy_tokens_mean": float(mask.sum(-1).float().mean()),
+        "rollout/rows_per_trajectory": float(len(last) / max(1, int(last.sum()))),
     }
     for reason in FINISH_REASONS:
-        out[f"rollout/finish_{reason}"] = float(np.mean([r == reason for r in nt["finish_reason"]]))
+        out[f"rollout/finish_{reason}"] = float(np.mean([r == reason for r in nt["finish_reason"][last]]))
+    out.update(context_metrics(nt, last))
     return out
+
+
+def context_metrics(nt, last: np.ndarray) -> dict[str, float]:
+    """Context statistics per trajectory (rollout/context.py): context tokens at each generation (mean of the
+    trajectories' means, max), folds, trajectories ended by the context budget, tokens processed (prefill + decode,
+    without a prefix cache)."""
+    if "context_stats" not in nt:
+        return {}
+    stats = list(nt["context_stats"][last])
+    col = {key: np.array([s[key] for s in stats], dtype=float) for key in stats[0]}
+    return {
+        "rollout/context_tokens_mean": float(col["context_tokens_mean"].mean()),
+        "rollout/context_tokens_max": float(col["context_tokens_max"].max()),
+        "rollout/folds_mean": float(col["folds"].mean()),
+        "rollout/folds_max": float(col["folds"].max()),
+        "rollout/ended_by_context": float(sum(r == "context" for r in nt["finish_reason"][last])),
+        "rollout/tokens_processed_mean": float(col["tokens_processed"].mean()),
+        "rollout/prefill_tokens_mean": float(col["prefill_tokens"].mean()),
+    }
 
 
 def validation_metrics(batch: DataProto) -> dict[str, float]:
     """EM / F1 of the extracted answer against the golds, overall and per data source; reward and searches (overall
-    and per data source: a 2-hop question needs two)."""
+    and per data source: a 2-hop question needs two). One entry per trajectory (its last row)."""
     nt = batch.non_tensor_batch
+    last = batch_keys.last_rows(nt)
+    nt = {key: nt[key][last] for key in ("answer", "ground_truth", "n_searches", "reward", "data_source")}
     answers = [a or "" for a in nt["answer"]]
     em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
     f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)

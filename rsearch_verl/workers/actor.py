@@ -46,8 +46,8 @@ from rsearch_verl.workers.forward import (
     response_log_probs,
     world_size,
 )
+from rsearch_verl.workers.generation import GenerationRunner
 from rsearch_verl.workers.packing import micro_batches, restore_order
-from rsearch_verl.workers.rollout import RolloutRunner
 from rsearch_verl.workers.varlen_attention import configure_attention
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ActorWorker(Worker):
         super().__init__()
         self.cfg = from_omegaconf(cfg_dict)
         self.with_rollout = with_rollout
-        self.rollout: RolloutRunner | None = None
+        self.rollout: GenerationRunner | None = None
         self.ref = None
         self.use_lora = False
 
@@ -75,7 +75,7 @@ class ActorWorker(Worker):
         model = load_model(cfg.model, self.tokenizer, seed=cfg.seed, dtype=fsdp.MASTER_DTYPE)
         if self.with_rollout:  # the engine copies the plain base model in the compute dtype (LoRA reaches it merged)
             engine_model = copy.deepcopy(model).to(self.dtype)
-            self.rollout = RolloutRunner(cfg, engine_model, self.tokenizer, self.device)
+            self.rollout = GenerationRunner(cfg, engine_model, self.tokenizer, self.device)
             del engine_model  # the runner holds its own copy
         configure_attention(model, cfg.model, cfg.actor.use_remove_padding)
         self.use_lora = lora.lora_enabled(cfg.model)
@@ -124,7 +124,9 @@ class ActorWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         cfg = self.cfg.actor
         kl_coef = float(data.meta_info.get("kl_coef", 0.0))
-        mini = cfg.ppo_mini_batch_size // world_size()
+        # folded trajectories (more rows than trajectories): the driver says how many optimizer steps an epoch makes
+        steps = data.meta_info.get("mini_batches", {}).get("actor")
+        mini = cfg.ppo_mini_batch_size // world_size() if steps is None else -(-len(data) // steps)
         self.model.train()
         rows = []
         for _ in range(cfg.ppo_epochs):
@@ -216,7 +218,7 @@ class ActorWorker(Worker):
     def sync_rollout_weights(self, version: int | None = None):
         """Stream the policy into this process's engine as `version`: one gathered parameter at a time, loaded bucket
         by bucket (rollout.update_weights_bucket_mb), so no rank holds a full state dict (LoRA still gathers one to
-        merge). The engine wakes its weights first and its KV cache after (RolloutRunner.load_weights). Collective."""
+        merge). The engine wakes its weights first and its KV cache after (GenerationRunner.load_weights). Collective."""
         if self.rollout is not None:  # every rank has an engine or none: the collectives match
             self.rollout.load_weights(self._rollout_weights(), version)
 

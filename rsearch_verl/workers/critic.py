@@ -102,7 +102,9 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         cfg = self.cfg.critic
-        mini = cfg.ppo_mini_batch_size // world_size()
+        # folded trajectories (more rows than trajectories): the driver says how many optimizer steps an epoch makes
+        steps = data.meta_info.get("mini_batches", {}).get("critic")
+        mini = cfg.ppo_mini_batch_size // world_size() if steps is None else -(-len(data) // steps)
         self.model.train()
         rows = []
         for _ in range(cfg.ppo_epochs):

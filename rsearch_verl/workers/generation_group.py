@@ -8,13 +8,16 @@ generation workers): pads the prompts to the group size, and unpads, trims and r
 
 from __future__ import annotations
 
+import numpy as np
 from verl import DataProto
-from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import pad_dataproto_to_divisor
 from verl.single_controller.ray import RayWorkerGroup
 
 from rsearch_verl.batch import trim_padding
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.workers.metrics import reduce_metrics
+
+_PAD_COPY = "pad_copy"  # rows of the prompts copied to fill the last worker's chunk (dropped from the result)
 
 
 class GenerationGroup:
@@ -29,19 +32,19 @@ class GenerationGroup:
     def submit(self, prompts: DataProto) -> PendingGeneration:
         """Start generating and return at once when the group runs on its own (split placement); a colocated group
         generates before this returns (its processes are the actor's)."""
-        validate = bool(prompts.meta_info.get("validate", False))
-        n = self.cfg.rollout.val_n if validate else self.cfg.rollout.n
-        padded, pad = pad_dataproto_to_divisor(prompts, self.n_workers)
+        padded, _ = pad_dataproto_to_divisor(prompts, self.n_workers)
+        # the copies are marked, not counted: a trajectory whose context folds is several rows (rollout/context.py)
+        padded.non_tensor_batch[_PAD_COPY] = np.array([i >= len(prompts) for i in range(len(padded))], dtype=object)
         if hasattr(self.group, "generate_sequences_async"):
-            return PendingGeneration(self.group.generate_sequences_async(padded), pad * n)
-        return PendingGeneration(self.group.generate_sequences(padded), pad * n)
+            return PendingGeneration(self.group.generate_sequences_async(padded))
+        return PendingGeneration(self.group.generate_sequences(padded))
 
 
 class PendingGeneration:
     """A batch being generated: `done()` polls, `result()` waits and returns it unpadded, trimmed, metrics reduced."""
 
-    def __init__(self, out, pad: int):
-        self._out, self._pad = out, pad  # a DataProto, or verl's DataProtoFuture of the workers' chunks
+    def __init__(self, out):
+        self._out = out  # a DataProto, or verl's DataProtoFuture of the workers' chunks
 
     def done(self) -> bool:
         import ray
@@ -53,7 +56,9 @@ class PendingGeneration:
 
     def result(self) -> DataProto:
         out = self._out if isinstance(self._out, DataProto) else self._out.get()
-        out = unpad_dataproto(out, self._pad)
+        copies = np.array([bool(x) for x in out.non_tensor_batch.pop(_PAD_COPY)], dtype=bool)
+        if copies.any():
+            out = out.select_idxs(~copies)
         out.meta_info["metrics"] = reduce_metrics(out.meta_info)
         trim_padding(out.batch)
         return out
