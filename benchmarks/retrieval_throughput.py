@@ -1,8 +1,9 @@
 """Retrieval server throughput and latency: batched mode vs the Search-R1-like baseline, same index, same run.
 
-Builds (once, cached) a synthetic corpus and a flat MiniLM index, then starts `python -m retrieval_server serve`
-twice as a subprocess — `--mode searchr1` (sync handler, one encode + search per request) and `--mode batched`
-(adaptive micro-batching) — and drives each with a closed-loop load generator running in its OWN process: every
+Builds (once, cached) a synthetic corpus and a flat MiniLM index, then starts two servers on it as subprocesses with
+the same flags — "searchr1", the Search-R1-like baseline (`python -m rsearch_verl.testing.searchr1_server`: requests
+in the thread pool, one encode + search per request) and "batched", the product (`python -m retrieval_server serve`:
+adaptive micro-batching) — and drives each with a closed-loop load generator running in its OWN process: every
 simulated client holds its own keep-alive connection and sends one query per request, back to back, for a fixed
 duration per concurrency level. Prints a table (mode, concurrency, QPS, p50, p99, mean batch) and, last, the
 headline: QPS(batched) / QPS(searchr1) at the highest concurrency, and batched p99 / p50 there.
@@ -141,11 +142,14 @@ def _get_json(url: str) -> dict | None:
         return None
 
 
+SERVERS = {"batched": ["retrieval_server", "serve"], "searchr1": ["rsearch_verl.testing.searchr1_server"]}
+
+
 def start_server(index: Path, mode: str, extra: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(index), "--port", str(port)]
+    cmd = [sys.executable, "-m", *SERVERS[mode], "--index", str(index), "--port", str(port)]
     with log.open("w") as fh:
-        proc = subprocess.Popen([*cmd, "--mode", mode, *extra], cwd=REPO, env=_env(), stdout=fh, stderr=fh)
+        proc = subprocess.Popen([*cmd, *extra], cwd=REPO, env=_env(), stdout=fh, stderr=fh)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -21,7 +21,7 @@
 #               Ray), an ingress on every node at HOST:PORT; unset or 0: one process (default). See docs/retriever.md
 #   REPLICA_CPUS  CPUs per Serve replica; its threads are sized to them            (default 1)
 #   INGRESS     auto | haproxy | proxy: Serve's HAProxy ingress or its Python proxy (auto: HAProxy on Linux)
-#   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--mode searchr1 --max-topk 50"
+#   BUILD_ARGS / SERVE_ARGS  extra flags for `build` / `serve`, e.g. SERVE_ARGS="--max-topk 50 --workers 1"
 #   PYTHON      interpreter (default .venv/bin/python)
 set -euo pipefail
 if (($#)); then  # e.g. a `serve` copied from `python -m retrieval_server serve`: nothing here reads arguments

@@ -1,7 +1,7 @@
 """Command line of the retrieval server: `build` an index, `serve` it over HTTP.
 
     python -m retrieval_server build --corpus C.jsonl --encoder minilm --index-type flat --out DIR
-    python -m retrieval_server serve --index DIR --host 127.0.0.1 --port 8000 [--token T] [--mode batched|searchr1]
+    python -m retrieval_server serve --index DIR --host 127.0.0.1 --port 8000 [--token T]
                                      [--batch-max 64] [--batch-wait-ms 0] [--max-topk 100] [--device cpu]
                                      [--replicas N [--replica-cpus 1]]   # Ray Serve, see retrieval_server/replicas.py
 
@@ -18,18 +18,17 @@ import logging
 import os
 import sys
 
-from retrieval_server.config import INGRESSES, MODES, ServerConfig, process_cpus
+from retrieval_server.config import INGRESSES, ServerConfig, process_cpus
 
 logger = logging.getLogger("retrieval_server")
 
 
-def _add_serve_args(p: argparse.ArgumentParser) -> None:
+def add_serve_args(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     p.add_argument("--index", required=True, help="index directory written by `build` (holds manifest.json)")
     p.add_argument("--host", default=d.host, help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--token", default=None, help="bearer token required on /retrieve (default: $RETRIEVER_TOKEN)")
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="searchr1 = Search-R1-like baseline")
     p.add_argument("--device", default="cpu", help="encoder / index device (cuda shards FAISS over all GPUs)")
     p.add_argument("--batch-max", type=int, default=d.batch_max, help="max queries per coalesced search")
     p.add_argument("--batch-wait-ms", type=float, default=d.batch_wait_ms, help="gather window when idle")
@@ -61,23 +60,38 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def search_workers(args: argparse.Namespace) -> int:
     """--workers, or auto: two single-threaded batches at once on a multi-core CPU (less intra-op overhead than
-    one batch over all cores, see retrieval_server/batching.py), one batch at a time on a GPU. The searchr1 baseline
-    has no batcher: it keeps the library's thread defaults, as Search-R1's server does."""
-    if args.mode != "batched":
-        return 1
+    one batch over all cores, see retrieval_server/batching.py), one batch at a time on a GPU."""
     if args.workers:
         return args.workers
     return 2 if args.device == "cpu" and process_cpus() >= 2 else 1
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The validated ServerConfig of `serve`'s flags (the token from $RETRIEVER_TOKEN when no --token)."""
+    # every ServerConfig field the CLI has a flag for, by the flag's name; the thread count is derived
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
+    config = ServerConfig(**(flags | {"workers": search_workers(args)}))
+    return config.with_env_token().validated()
+
+
+def load_warm_retriever(args: argparse.Namespace):
+    """The index of `--index` on `--device`, its first-call allocations paid (torch threads per `--threads`)."""
+    from retrieval_server.retriever import load_retriever
+
+    if args.threads > 0:  # with several workers each batch thread re-sets its own count (app.share_cores)
+        import torch
+
+        torch.set_num_threads(args.threads)
+    retriever = load_retriever(args.index, device=args.device)
+    retriever.search(["warm up the encoder and the index"], 1)  # first-call allocations out of the first request
+    return retriever
 
 
 def serve(args: argparse.Namespace) -> None:
     """Load the index, warm it up, and run uvicorn until interrupted."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no-op when main() set it already (see there)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # every ServerConfig field the CLI has a flag for, by the flag's name; the thread count is derived
-    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
-    config = ServerConfig(**(flags | {"workers": search_workers(args)}))
-    config = config.with_env_token().validated()
+    config = server_config(args)
     if args.replicas < 0 or args.replica_cpus <= 0:
         raise ValueError(f"--replicas must be >= 0 and --replica-cpus > 0, got {args.replicas}, {args.replica_cpus}")
     if args.replicas and args.device != "cpu":
@@ -97,23 +111,10 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from retrieval_server.app import create_app
-    from retrieval_server.retriever import load_retriever
 
-    if args.threads > 0:  # with several workers each batch thread re-sets its own count (app.share_cores)
-        import torch
-
-        torch.set_num_threads(args.threads)
-    retriever = load_retriever(args.index, device=args.device)
-    retriever.search(["warm up the encoder and the index"], 1)  # first-call allocations out of the first request
+    retriever = load_warm_retriever(args)
     app = create_app(config, retriever)
-    logger.info(
-        "serving %s (%d docs, mode %s) on http://%s:%d",
-        args.index,
-        retriever.n_docs,
-        config.mode,
-        config.host,
-        config.port,
-    )
+    logger.info("serving %s (%d docs) on http://%s:%d", args.index, retriever.n_docs, config.host, config.port)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False, workers=1)
 
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build_p = sub.add_parser("build", help="encode a JSONL corpus and write an index directory")
     serve_p = sub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, GET /health)")
-    _add_serve_args(serve_p)
+    add_serve_args(serve_p)
     from retrieval_server.build import add_build_args
 
     add_build_args(build_p)

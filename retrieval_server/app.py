@@ -10,11 +10,10 @@ API (wire-compatible with Search-R1's `retrieval_server.py`, so either side can 
 Bad input is answered 4xx with `{"detail": "..."}` (400 malformed JSON, 401 missing/wrong bearer token, 413 body too
 large, 422 wrong types / empty / over a limit); a 500 only means a bug or a broken index, never client input.
 
-Two serving modes, same parsing and limits, so the throughput benchmark compares like with like:
-* "batched": a pure ASGI handler (`RetrieveFastPath`), raw-bytes parsing with orjson, requests coalesced by
-  `MicroBatcher` into `retriever.search` calls on up to `workers` threads, responses serialised on those threads;
-* "searchr1": the baseline that serves like Search-R1 — a synchronous `def` handler with a pydantic body run in
-  the framework's thread pool, one encode + search per request, the response dict encoded by FastAPI.
+/retrieve is a pure ASGI handler (`RetrieveFastPath`): raw-bytes parsing with orjson, requests coalesced by
+`MicroBatcher` into `retriever.search` calls on up to `workers` threads, responses serialised on those threads. The
+throughput benchmark's Search-R1-like baseline (rsearch_verl/testing/searchr1_server.py) serves the same index with
+this module's token check, body parsing, limits and search, one request at a time, so it compares like with like.
 
 Run it with `python -m retrieval_server serve --index DIR` (see `__main__.py`).
 """
@@ -30,10 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 
 from retrieval_server.batching import MicroBatcher
 from retrieval_server.config import ServerConfig
@@ -41,15 +39,6 @@ from retrieval_server.config import ServerConfig
 logger = logging.getLogger(__name__)
 
 Job = tuple[list[str], int, bool]  # (queries, topk, return_scores) of one request
-
-
-class RetrieveRequest(BaseModel):
-    """Search-R1's request body (used by the "searchr1" baseline mode); strict, so "3" is not a topk."""
-
-    model_config = ConfigDict(strict=True)
-    queries: list[str]
-    topk: int | None = None
-    return_scores: bool = False
 
 
 class _BodyTooLarge(Exception):
@@ -111,7 +100,7 @@ async def _send_bytes(send: Any, status: int, body: bytes, extra: list | None = 
 
 
 class RetrieveFastPath:
-    """The batched mode's /retrieve, as pure ASGI in front of the router: no route matching, no Request / Response
+    """The server's /retrieve, as pure ASGI in front of the router: no route matching, no Request / Response
     objects, no exception middleware per request (~10 % more QPS at 64 clients on 2 cores, where the event loop
     shares the GIL with the search threads). 401 without the token, 400 / 422 with a message for bad bodies, 405
     for other methods, the batcher's JSON bytes otherwise. Other paths fall through to the app."""
@@ -135,7 +124,7 @@ class RetrieveFastPath:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         try:
-            _check_token(self.config, authorization)
+            check_token(self.config, authorization)
             job = parse_retrieve_body(self.config, body)
         except HTTPException as exc:
             extra = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
@@ -172,7 +161,7 @@ def check_limits(config: ServerConfig, queries: Any, topk: Any, return_scores: A
 
 
 def parse_retrieve_body(config: ServerConfig, body: bytes) -> Job:
-    """Decode and validate a raw /retrieve body (the batched mode's fast path, no pydantic)."""
+    """Decode and validate a raw /retrieve body (no pydantic)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -224,21 +213,13 @@ def search_jobs(retriever: Any, jobs: Sequence[Job], chunk: int = 64) -> list[li
     return format_results(jobs, rows, scores, docs)
 
 
-def _check_token(config: ServerConfig, authorization: str | None) -> None:
+def check_token(config: ServerConfig, authorization: str | None) -> None:
+    """Raise HTTPException(401) unless the `Authorization` header carries the configured bearer token."""
     if config.token is None:
         return
     expected = f"Bearer {config.token}"
     if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-
-def _add_searchr1_route(app: FastAPI, config: ServerConfig, retriever: Any) -> None:
-    @app.post("/retrieve")
-    def retrieve(request: RetrieveRequest, authorization: str | None = Header(default=None)) -> dict:
-        # Like Search-R1: sync handler in the thread pool, one encode + search for this request alone.
-        _check_token(config, authorization)
-        job = check_limits(config, request.queries, request.topk, request.return_scores)
-        return {"result": search_jobs(retriever, [job], config.batch_max)[0]}
 
 
 def share_cores(running: int, cpus: int) -> None:
@@ -252,63 +233,64 @@ def share_cores(running: int, cpus: int) -> None:
 def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
     """Build the app serving `retriever` (a `retrieval_server.retriever.Retriever`) under `config`."""
     config = config.validated()
-    batcher = None
-    if config.mode == "batched":
 
-        def run_batch(jobs: list[Job]) -> list[bytes]:
-            # Serialise on the search thread too: the event loop only moves bytes.
-            return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs, config.batch_max)]
+    def run_batch(jobs: list[Job]) -> list[bytes]:
+        # Serialise on the search thread too: the event loop only moves bytes.
+        return [orjson.dumps({"result": r}) for r in search_jobs(retriever, jobs, config.batch_max)]
 
-        batcher = MicroBatcher(
-            run_batch,
-            batch_max=config.batch_max,
-            batch_wait_ms=config.batch_wait_ms,
-            workers=config.workers,
-            on_start=functools.partial(share_cores, cpus=config.own_cpus()) if config.workers > 1 else None,
-        )
+    batcher = MicroBatcher(
+        run_batch,
+        batch_max=config.batch_max,
+        batch_wait_ms=config.batch_wait_ms,
+        workers=config.workers,
+        on_start=functools.partial(share_cores, cpus=config.own_cpus()) if config.workers > 1 else None,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        if batcher is not None:
-            batcher.close()
+        batcher.close()
 
     app = FastAPI(title="rsearch-verl retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.retriever = retriever
     app.state.batcher = batcher
-    _add_error_handlers(app)
+    add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict:
-        info = dict(getattr(retriever, "info", {}))
-        return {
-            "status": "ok",
-            **info,
-            "pid": os.getpid(),  # which process answered: a Ray Serve replica, or the single server
-            "n_docs": retriever.n_docs,
-            "encoder": info.get("encoder"),
-            "index_type": info.get("index_type"),
-            "mode": config.mode,
-            "auth": config.token is not None,
-            "limits": {
-                "max_queries": config.max_queries,
-                "max_query_chars": config.max_query_chars,
-                "max_topk": config.max_topk,
-                "max_body_bytes": config.max_body_bytes,
-            },
-            "batching": batcher.stats.as_dict() if batcher is not None else None,
-        }
+        return health_body(config, retriever, "batched", batcher.stats.as_dict())
 
-    if batcher is not None:
-        app.add_middleware(RetrieveFastPath, config=config, batcher=batcher)  # inside the body limit (added next)
-    else:
-        _add_searchr1_route(app, config, retriever)
+    app.add_middleware(RetrieveFastPath, config=config, batcher=batcher)  # inside the body limit (added next)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def health_body(config: ServerConfig, retriever: Any, mode: str, batching: dict | None) -> dict:
+    """GET /health's answer: the index (size, encoder, type), who answered, auth, limits and batching stats."""
+    info = dict(getattr(retriever, "info", {}))
+    return {
+        "status": "ok",
+        **info,
+        "pid": os.getpid(),  # which process answered: a Ray Serve replica, or the single server
+        "n_docs": retriever.n_docs,
+        "encoder": info.get("encoder"),
+        "index_type": info.get("index_type"),
+        "mode": mode,
+        "auth": config.token is not None,
+        "limits": {
+            "max_queries": config.max_queries,
+            "max_query_chars": config.max_query_chars,
+            "max_topk": config.max_topk,
+            "max_body_bytes": config.max_body_bytes,
+        },
+        "batching": batching,
+    }
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as `{"detail": "..."}`: 422 for a body FastAPI rejects, 500 (logged) for a bug."""
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # Flatten pydantic's error list into one readable string: the contract is {"detail": "..."}.

@@ -4,7 +4,7 @@
 benchmark build one directly and hand it to `retrieval_server.app.create_app(config, retriever)`.
 
 Usage:
-    cfg = ServerConfig(port=8000, token="s3cret", mode="batched").validated()
+    cfg = ServerConfig(port=8000, token="s3cret").validated()
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-MODES = ("batched", "searchr1")
 INGRESSES = ("auto", "haproxy", "proxy")  # `serve --replicas`: see retrieval_server/replicas.py
 TOKEN_ENV = "RETRIEVER_TOKEN"
 
@@ -40,15 +39,12 @@ class ServerConfig:
     default_topk: int = 3  # Search-R1's default when the client sends no topk
     batch_max: int = 64  # queries per coalesced search; a larger request is searched in chunks of this many
     batch_wait_ms: float = 0.0  # extra collection window when the search thread is idle (0 = dispatch at once)
-    workers: int = 1  # batches searched at once, each on its own thread ("batched" mode; the CLI picks 2 on CPU)
-    mode: str = "batched"  # "batched" (coalescing) | "searchr1" (baseline: sync handler, one search per request)
+    workers: int = 1  # batches searched at once, each on its own thread (the CLI picks 2 on CPU)
     log_level: str = "warning"
     cpus: int = 0  # cores this server may use (0 = the process's CPU affinity; a Ray Serve replica: its num_cpus)
 
     def validated(self) -> ServerConfig:
         """Return self after checking every field; raise ValueError naming the bad field."""
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         positive = ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max")

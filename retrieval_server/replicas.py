@@ -104,7 +104,7 @@ class RetrieverReplica:
 def replica_config(config: ServerConfig, replica_cpus: float) -> ServerConfig:
     """The replica's serving config: threads and concurrent batches sized to its own CPUs."""
     cpus = max(1, math.floor(replica_cpus))
-    workers = 2 if config.mode == "batched" and cpus >= 2 else 1  # as the single server's auto (see __main__.py)
+    workers = 2 if cpus >= 2 else 1  # as the single server's auto (see __main__.py)
     return dataclasses.replace(config, cpus=cpus, workers=workers, token=None)
 
 

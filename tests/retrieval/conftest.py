@@ -94,13 +94,14 @@ def bm25_index(retrieval_corpus, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
-    """Factory: start_server(index_dir, "--mode", "searchr1", ...) -> Server (stopped at session end)."""
+    """Factory: start_server(index_dir, "--token", "t", ...) -> Server (stopped at session end); `module=` another
+    server with the same flags (the baseline: rsearch_verl.testing.searchr1_server)."""
     procs: list[subprocess.Popen] = []
     log_dir = tmp_path_factory.mktemp("server_logs")
 
-    def start(index: Path, *flags: str) -> Server:
+    def start(index: Path, *flags: str, module: str = "retrieval_server serve") -> Server:
         port = free_port()
-        cmd = [sys.executable, "-m", "retrieval_server", "serve", "--index", str(index), "--port", str(port), *flags]
+        cmd = [sys.executable, "-m", *module.split(), "--index", str(index), "--port", str(port), *flags]
         log = log_dir / f"server_{port}.log"
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=fh, stderr=subprocess.STDOUT)
@@ -137,5 +138,5 @@ def token_server(start_server, bm25_index) -> Server:
 
 @pytest.fixture(scope="session")
 def searchr1_server(start_server, minilm_index) -> Server:
-    """The same MiniLM index served in the Search-R1-like baseline mode."""
-    return start_server(minilm_index, "--mode", "searchr1")
+    """The same MiniLM index served by the Search-R1-like baseline (rsearch_verl/testing/searchr1_server.py)."""
+    return start_server(minilm_index, module="rsearch_verl.testing.searchr1_server")

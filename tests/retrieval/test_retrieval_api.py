@@ -1,7 +1,7 @@
 """HTTP API of the retrieval server against real `python -m retrieval_server serve` subprocesses.
 
 Wire format with and without scores, Search-R1's own client request shape, defaults, /health, MiniLM and BM25
-indexes, and the Search-R1-like baseline mode answering exactly like the batched mode.
+indexes, and the Search-R1-like baseline (rsearch_verl/testing/searchr1_server.py) answering exactly like the server.
 """
 
 from __future__ import annotations

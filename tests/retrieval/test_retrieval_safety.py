@@ -1,5 +1,6 @@
 """Hostile and malformed input against real server subprocesses: always a 4xx with {"detail": str}, never a 500,
-and the server answers a normal query afterwards. Covers both serving modes, auth, and every limit.
+and the server answers a normal query afterwards. Covers the server and the Search-R1-like baseline, auth, and every
+limit.
 """
 
 from __future__ import annotations

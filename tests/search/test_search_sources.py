@@ -24,6 +24,7 @@ from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search import SearchAuthError, SearchClient, SearchError, default_sources
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource
 from rsearch_verl.search.sources.arxiv import parse_atom
+from rsearch_verl.testing.searchr1_server import create_baseline_app
 from rsearch_verl.testing.servers import serve_in_thread
 
 KEY = "test-key"
@@ -72,10 +73,10 @@ def _serve(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str]:
     return serve_in_thread(app)
 
 
-@pytest.mark.parametrize("mode", ["batched", "searchr1"])
-def test_local_source_against_our_retrieval_server(mode):
-    """Wire compatibility with retrieval_server.create_app in both serving modes, token and 4xx included."""
-    app = create_app(ServerConfig(token="secret", mode=mode, max_topk=3), WordOverlapRetriever())
+@pytest.mark.parametrize("make_app", [create_app, create_baseline_app], ids=["batched", "searchr1"])
+def test_local_source_against_our_retrieval_server(make_app):
+    """Wire compatibility with retrieval_server.create_app and the Search-R1-like baseline, token and 4xx included."""
+    app = make_app(ServerConfig(token="secret", max_topk=3), WordOverlapRetriever())
     srv, thread, url = _serve(app)
     try:
         cfg = RetrieverConfig(url=url, timeout_s=5.0, max_retries=2, cache=False)
