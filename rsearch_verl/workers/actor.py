@@ -218,7 +218,7 @@ class ActorWorker(Worker):
     def sync_rollout_weights(self, version: int | None = None):
         """Stream the policy into this process's engine as `version`: one gathered parameter at a time, loaded bucket
         by bucket (rollout.update_weights_bucket_mb), so no rank holds a full state dict (LoRA still gathers one to
-        merge). The engine wakes its weights first and its KV cache after (GenerationRunner.load_weights). Collective."""
+        merge). Engine weights wake first, its KV cache after (GenerationRunner.load_weights). Collective."""
         if self.rollout is not None:  # every rank has an engine or none: the collectives match
             self.rollout.load_weights(self._rollout_weights(), version)
 

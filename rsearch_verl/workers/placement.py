@@ -103,9 +103,9 @@ class WorkerClasses:
 def default_worker_classes() -> WorkerClasses:
     from rsearch_verl.workers.actor import ActorWorker
     from rsearch_verl.workers.critic import CriticWorker
-    from rsearch_verl.workers.rollout import RolloutWorker
+    from rsearch_verl.workers.generation import GenerationWorker
 
-    return WorkerClasses(ActorWorker, CriticWorker, RolloutWorker)
+    return WorkerClasses(ActorWorker, CriticWorker, GenerationWorker)
 
 
 def build_worker_groups(cfg: RSearchConfig, classes: WorkerClasses | None = None) -> WorkerGroups:

@@ -93,7 +93,7 @@ def test_grpo_split_placement_syncs_weights_across_hosts(netns_cluster):
     paths = [f"trainer.run_dir={run_dir}", f"data.toy_world.cache_dir={toy}"]
     done = cluster.submit(["+recipe=search_r1_grpo", *TINY, *split, *paths])
     assert done.returncode == 0, job_logs(cluster, done)
-    actor, rollout = worker_hosts(cluster, "ActorWorker"), worker_hosts(cluster, "RolloutWorker")
+    actor, rollout = worker_hosts(cluster, "ActorWorker"), worker_hosts(cluster, "GenerationWorker")
     assert len(actor) == len(rollout) == 1 and actor != rollout, (actor, rollout)
     rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2], rows

@@ -1,7 +1,7 @@
 """Streamed, bucketed weight sync and sleep states on the HF engine (the CPU path of the colocated sync): a stream
 of (name, tensor) pairs loaded in several small buckets equals loading the state dict; a stream is atomic w.r.t.
 decode steps (no step runs between its buckets, tokens after it carry the new version) and is consumed on the
-caller's thread; a bad stream raises and keeps the version; sleep / wake_up states and RolloutRunner's call order
+caller's thread; a bad stream raises and keeps the version; sleep / wake_up states and GenerationRunner's call order
 (wake weights -> load -> wake KV cache; generate -> sleep; weights restored after a level-2 sleep).
 
 Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_weight_stream.py
@@ -169,7 +169,7 @@ def test_sleep_and_wake_states(tok):
 
 
 class _Recorder:
-    """A stand-in engine that records RolloutRunner's calls."""
+    """A stand-in engine that records GenerationRunner's calls."""
 
     def __init__(self):
         self.calls, self.version, self.weights_lost = [], 0, False
@@ -191,10 +191,10 @@ def test_runner_call_order(monkeypatch):
     """Sync: wake weights -> load -> wake KV cache (verl's order). Colocated generate: wake -> generate -> sleep(2);
     a second batch before the next sync first restores the same version from `restore()`."""
     import rsearch_verl.rollout.agent_loop as agent_loop
-    from rsearch_verl.workers.rollout import RolloutRunner
+    from rsearch_verl.workers.generation import GenerationRunner
 
     monkeypatch.setattr(agent_loop, "generate_batch", lambda engine, *a, **k: engine.calls.append(("generate",)))
-    runner = object.__new__(RolloutRunner)  # no config, model or protocol: only the engine calls matter here
+    runner = object.__new__(GenerationRunner)  # no config, model or protocol: only the engine calls matter here
     runner.engine, runner.tokenizer, runner.protocol = _Recorder(), None, None
     runner.cfg = type("Cfg", (), {"data": type("D", (), {"max_prompt_length": 1}), "rollout": type("R", (), {
         "max_response_length": 1})})  # fmt: skip

@@ -92,7 +92,7 @@ def run_update(cfg, batch: DataProto, with_old_from_model: bool = True):
 
 
 def vocab_size(cfg) -> int:
-    from rsearch_verl.workers.rollout import build_policy
+    from rsearch_verl.workers.generation import build_policy
 
     tok, _ = build_policy(cfg)
     return len(tok)
@@ -116,7 +116,7 @@ def test_two_ranks_equal_one_rank(ray_cluster):
 
 
 def _initial_state(cfg):
-    from rsearch_verl.workers.rollout import build_policy
+    from rsearch_verl.workers.generation import build_policy
 
     _, model = build_policy(cfg)
     return {k: v.detach() for k, v in model.state_dict().items()}

@@ -26,9 +26,9 @@ from verl import DataProto
 from rsearch_verl.config import load_config
 from rsearch_verl.testing.batches import sequence_tensors
 from rsearch_verl.workers.forward import response_log_probs
+from rsearch_verl.workers.generation import build_policy
 from rsearch_verl.workers.metrics import reduce_metrics
 from rsearch_verl.workers.placement import start_group
-from rsearch_verl.workers.rollout import build_policy
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

@@ -238,7 +238,7 @@ def run_actor(cfg, batch: DataProto) -> dict:
 @pytest.mark.slow
 def test_packed_token_budget_update_equals_padded_on_fsdp_workers():
     ray = pytest.importorskip("ray")
-    from rsearch_verl.workers.rollout import build_policy
+    from rsearch_verl.workers.generation import build_policy
 
     padded_cfg, packed_cfg = ray_cfg(False), ray_cfg(True)
     batch = ray_batch(len(build_policy(padded_cfg)[0]))

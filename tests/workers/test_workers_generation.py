@@ -1,11 +1,11 @@
 """The split rollout worker under weight updates that arrive while it generates (trainer.mid_trajectory_update).
 
-The real `RolloutWorker` (its methods called in-process, as its Ray actor threads would) around the real HF engine
+The real `GenerationWorker` (its methods called in-process, as its Ray actor threads would) around the real HF engine
 and agent loop, with a tiny random Qwen2. An update pushed mid-batch either lands between two decode steps
 (`continue`: the batch's tokens carry both versions) or is parked until the batch is done (`wait`: every token of the
 batch carries the old version, the next batch the new one).
 
-Run: .venv/bin/python -m pytest -q tests/workers/test_workers_rollout.py
+Run: .venv/bin/python -m pytest -q tests/workers/test_workers_generation.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from rsearch_verl.config import RSearchConfig, TinyModelConfig, to_dict
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, build_tiny_qwen2, train_bpe_tokenizer
-from rsearch_verl.workers.rollout import RolloutRunner, RolloutWorker
+from rsearch_verl.workers.generation import GenerationRunner, GenerationWorker
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def tok():
     return train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
 
 
-def _worker(tok, mode: str, monkeypatch) -> RolloutWorker:
+def _worker(tok, mode: str, monkeypatch) -> GenerationWorker:
     # what a Ray worker process gets; the Worker base class also sets the LOCAL_* / REDIS_* ones (restored after)
     env = {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "LOCAL_WORLD_SIZE": "1",
            "LOCAL_RANK": "0", "REDIS_STORE_SERVER_HOST": "127.0.0.1"}  # fmt: skip
@@ -38,9 +38,9 @@ def _worker(tok, mode: str, monkeypatch) -> RolloutWorker:
     cfg.algorithm.adv_estimator = "gae"  # any valid recipe; the worker only generates
     cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_response_length = 1, 300, 300
     cfg.retriever.url, cfg.retriever.max_retries = "http://127.0.0.1:9", 0  # a search (if any) gets an error
-    worker = RolloutWorker(to_dict(cfg))
+    worker = GenerationWorker(to_dict(cfg))
     model = build_tiny_qwen2(TinyModelConfig(), len(tok), seed=0)
-    worker.runner = RolloutRunner(worker.cfg, model, tok, torch.device("cpu"))
+    worker.runner = GenerationRunner(worker.cfg, model, tok, torch.device("cpu"))
     return worker
 
 

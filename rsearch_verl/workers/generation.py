@@ -1,11 +1,11 @@
 """The rollout side of a worker: an inference engine (HF or vLLM) plus the search-aware agent loop.
 
-`RolloutRunner` is plain Python: the colocated actor worker (rsearch_verl/workers/actor.py) owns one next to its
+`GenerationRunner` is plain Python: the colocated actor worker (rsearch_verl/workers/actor.py) owns one next to its
 FSDP model, streams the updated weights into it after every update (`load_weights`, bucket by bucket) and lets it
-sleep while it trains (`generate(prompts, restore=...)`); in the split placement `RolloutWorker` is a Ray worker of
+sleep while it trains (`generate(prompts, restore=...)`); in the split placement `GenerationWorker` is a Ray worker of
 its own that receives the actor's full state dict from the driver.
 
-`RolloutWorker` is a threaded Ray actor, so weights can arrive while it generates (asynchronous training,
+`GenerationWorker` is a threaded Ray actor, so weights can arrive while it generates (asynchronous training,
 trainer.max_staleness >= 1): with trainer.mid_trajectory_update=continue they go to the engine at once and land
 between two decode steps; with `wait` they are parked until the running batch has finished. A batch never starts
 before the engine holds at least the policy version the driver asks for (`meta_info["min_version"]`), which is how
@@ -15,7 +15,7 @@ Every worker pads its chunk to the same widths (data.max_prompt_length, rollout.
 chunks concatenate in the driver, which then trims the all-padding columns (`rsearch_verl.batch.trim_padding`).
 
 Usage:
-    runner = RolloutRunner(cfg, model, tokenizer, device)
+    runner = GenerationRunner(cfg, model, tokenizer, device)
     out = runner.generate(prompts)          # DataProto with the rollout keys of rsearch_verl/batch.py
 """
 
@@ -39,7 +39,7 @@ from rsearch_verl.rollout.engines.base import Weights
 logger = logging.getLogger(__name__)
 
 
-class RolloutRunner:
+class GenerationRunner:
     """The engine and the agent loop of one process. Colocated, the actor passes `restore` to `generate`: the engine
     wakes for the batch and sleeps after it (level 2: weights and KV cache freed while the actor trains), and the
     sync wakes it in verl's order: weights, load, KV cache. A batch that comes before the next sync (validation, then
@@ -106,7 +106,7 @@ def build_policy(cfg: RSearchConfig):
     return tokenizer, load_model(cfg.model, tokenizer, seed=cfg.seed)
 
 
-class RolloutWorker(Worker):
+class GenerationWorker(Worker):
     """A stand-alone rollout process (trainer.placement=split) on its own GPU: its own engine; the weights arrive as
     the one object-store copy actor rank 0 put (the driver passes the reference, Ray resolves it here)."""
 
@@ -116,7 +116,7 @@ class RolloutWorker(Worker):
         quiet_expected_warnings(cpu=cfg_dict["trainer"]["device"] == "cpu")  # before verl looks for a GPU
         super().__init__()
         self.cfg = from_omegaconf(cfg_dict)
-        self.runner: RolloutRunner | None = None
+        self.runner: GenerationRunner | None = None
         self._generating = threading.Lock()  # one batch at a time; weights may arrive meanwhile
         self._state = threading.Condition()  # guards the fields below; notified when weights land
         self._parked: tuple[dict, int | None] | None = None  # mid_trajectory_update=wait: lands after the batch
@@ -129,7 +129,7 @@ class RolloutWorker(Worker):
         torch.manual_seed(self.cfg.seed)
         device = local_device(self.cfg.trainer.device)  # the GPU Ray gave this process (not always cuda:0)
         tokenizer, model = build_policy(self.cfg)
-        self.runner = RolloutRunner(self.cfg, model, tokenizer, device)
+        self.runner = GenerationRunner(self.cfg, model, tokenizer, device)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def generate_sequences_async(self, prompts: DataProto) -> DataProto:
