@@ -75,10 +75,8 @@ def _search_metrics() -> dict[str, float]:
 
 def _run_control_metrics() -> dict[str, float]:
     supervisor = RetrieverSupervisor(None, RetrieverConfig())
-    control = RunControl(None, None, RunHealth(), WatchdogConfig(), supervisor)
-    metrics: dict[str, float] = {}
-    control.judge(1, metrics)
-    return metrics
+    control = RunControl(None, RunHealth(), WatchdogConfig(), supervisor)
+    return dict(control.judge(1, {}).row)
 
 
 def test_every_signal_run_health_reads_is_written():

@@ -93,7 +93,7 @@ def test_init_ray_on_a_cluster(captured_init, monkeypatch):
 
 
 def test_an_auth_error_from_a_rollout_worker_stops_the_run():
-    """A SearchAuthError raised in a Ray worker (wrapped in a RayTaskError) becomes RunStopped naming the variable."""
+    """A SearchAuthError raised in a Ray worker (wrapped in a RayTaskError) becomes a Stop naming the variable."""
     from types import SimpleNamespace
 
     import ray
@@ -103,12 +103,12 @@ def test_an_auth_error_from_a_rollout_worker_stops_the_run():
 
     stops = []
     health = SimpleNamespace(stop=None, record_stop=lambda *a: stops.append(a))
-    control = RunControl(run=None, ckpts=None, health=health, watchdog=WatchdogConfig())
+    control = RunControl(ckpts=None, health=health, watchdog=WatchdogConfig())
     control.done_step = 4
     cause = SearchAuthError("RETRIEVER_TOKEN", "retriever.url=http://x answered HTTP 401 (...): RETRIEVER_TOKEN ...")
     wrapped = ray.exceptions.RayTaskError("generate_sequences", "Traceback ...", cause)
-    stopped = control.stopped(wrapped)
-    assert isinstance(stopped, RunStopped) and "during step 5" in str(stopped) and "RETRIEVER_TOKEN" in str(stopped)
+    stop = control.stopped(wrapped)
+    assert "during step 5" in stop.message and "RETRIEVER_TOKEN" in stop.message and stop.save_step is None
     assert stops == [(5, str(cause))]
 
 

@@ -1,6 +1,8 @@
-"""Run control between steps (rsearch_verl/trainer/run_control.py) on a fake run and real checkpoints: healthy steps
-count, a watchdog trip rolls back (lr lowered, trip metrics on the next row, rollbacks capped), errors become
-RunStopped with advice, and an outage saves the last applied update first."""
+"""Run control between steps (rsearch_verl/trainer/run_control.py) on real checkpoints: healthy steps count
+(`Continue`), a watchdog trip decides a rollback (`RollbackTo`: lr lowered, trip metrics on the next row, rollbacks
+capped), errors become a `Stop` with advice, and an outage saves the last applied update first. The control holds no
+reference to the run: it returns decisions, and the loop's own code (`Trainer.fit` and the methods it calls, run here on
+a scripted trainer) carries them out in order."""
 
 from __future__ import annotations
 
@@ -16,126 +18,96 @@ from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.report import RunHealth
-from rsearch_verl.trainer.run_control import RunControl
+from rsearch_verl.trainer.loop import Trainer
+from rsearch_verl.trainer.run_control import Continue, RollbackTo, RunControl, Stop
 
 HEALTHY = {sig.PG_LOSS: 0.1, sig.ACTOR_GRAD_NORM: 1.0}
 NAN = {sig.PG_LOSS: math.nan, sig.ACTOR_GRAD_NORM: math.nan}
 
 
-class FakeRun:
-    """The run the control acts on: checkpoints are real directories, the rest is recorded."""
-
-    def __init__(self, ckpts: CheckpointManager):
-        self.ckpts, self.calls, self.rows = ckpts, [], []
-
-    def restore(self, path: str) -> tuple[int, dict]:
-        state = self.ckpts.read_trainer_state(path)
-        self.calls.append(("restore", state["step"]))
-        return state["step"], state
-
-    def save(self, step: int) -> None:
-        with self.ckpts.writing(step) as tmp:
-            self.ckpts.write_trainer_state(tmp, {"step": step})
-        self.calls.append(("save", step))
-
-    def set_lr_scale(self, scale: float) -> None:
-        self.calls.append(("lr", scale))
-
-    def log(self, metrics: dict, step: int) -> None:
-        self.rows.append((step, dict(metrics)))
+def save(ckpts: CheckpointManager, step: int, health: RunHealth | None = None) -> None:
+    with ckpts.writing(step) as tmp:
+        ckpts.write_trainer_state(tmp, {"step": step, "health": health.state_dict() if health else None})
 
 
-def make(tmp_path, supervisor=None, **watchdog) -> tuple[RunControl, FakeRun]:
-    ckpts = CheckpointManager(str(tmp_path))
-    run = FakeRun(ckpts)
-    return RunControl(run, ckpts, RunHealth(), WatchdogConfig(**watchdog), supervisor), run
+def make(tmp_path, supervisor=None, **watchdog) -> RunControl:
+    return RunControl(CheckpointManager(str(tmp_path)), RunHealth(), WatchdogConfig(**watchdog), supervisor)
 
 
 def test_a_healthy_step_counts_and_carries_the_rollback_count(tmp_path):
-    control, run = make(tmp_path)
+    control = make(tmp_path)
     metrics = dict(HEALTHY)
-    assert control.judge(1, metrics) is None
-    assert control.done_step == 1 and metrics[sig.ROLLBACKS] == 0.0
-    assert run.calls == []
+    decision = control.judge(1, metrics)
+    assert decision == Continue({**HEALTHY, sig.ROLLBACKS: 0.0})
+    assert control.done_step == 1 and metrics == HEALTHY  # the caller's metrics are not written into
 
 
 def test_a_trip_rolls_back_lowers_the_lr_and_marks_the_next_row(tmp_path):
-    control, run = make(tmp_path, lr_factor=0.5)
-    assert control.judge(1, dict(HEALTHY)) is None
-    run.save(1)
+    control = make(tmp_path, lr_factor=0.5)
+    assert isinstance(control.judge(1, dict(HEALTHY)), Continue)
+    save(control.ckpts, 1)
     tripped = {**NAN, sig.RETRIEVER_RESTARTS: 1.0}
-    assert control.judge(2, tripped) == 1
-    assert control.done_step == 1 and run.calls[-2:] == [("restore", 1), ("lr", 0.5)]
+    assert control.judge(2, tripped) == RollbackTo(control.ckpts.latest(), 1, 0.5)
+    assert control.done_step == 1
     (rollback,) = control.health.rollbacks
     assert (rollback["step"], rollback["restored_step"], list(rollback["trips"])) == (2, 1, ["nonfinite"])
     # the redone step's row carries the trip, where it came from and the rolled-back step's retriever restarts
-    again = dict(HEALTHY)
-    assert control.judge(2, again) is None
+    again = control.judge(2, dict(HEALTHY)).row
     assert again[sig.trip("nonfinite")] == 1.0 and again[sig.ROLLED_BACK_FROM] == 2.0
     assert again[sig.ROLLBACKS] == 1.0 and again[sig.RETRIEVER_RESTARTS] == 1.0
-    later = dict(HEALTHY)
-    control.judge(3, later)
+    later = control.judge(3, dict(HEALTHY)).row
     assert sig.trip("nonfinite") not in later  # marks go to one row only
 
 
 def test_a_second_rollback_halves_again_then_the_cap_stops_the_run(tmp_path):
-    control, run = make(tmp_path, max_rollbacks=2)
-    run.save(1)
+    control = make(tmp_path, max_rollbacks=2)
+    save(control.ckpts, 1)
     control.judge(1, dict(HEALTHY))
-    assert control.judge(2, dict(NAN)) == 1 and control.judge(2, dict(NAN)) == 1
-    assert [c for c in run.calls if c[0] == "lr"] == [("lr", 0.5), ("lr", 0.25)]
-    with pytest.raises(RunStopped, match="all 2 rollbacks are used"):
-        control.judge(2, dict(NAN))
+    first, second = control.judge(2, dict(NAN)), control.judge(2, dict(NAN))
+    assert (first.step, first.lr_scale, second.step, second.lr_scale) == (1, 0.5, 1, 0.25)
+    stop = control.judge(2, dict(NAN))
+    assert isinstance(stop, Stop) and stop.save_step is None
+    assert stop.message.startswith("run stopped during step 2: health watchdog tripped at step 2 (")
+    assert "all 2 rollbacks are used" in stop.message and "trainer.resume=auto" in stop.message
+    assert control.health.stop["step"] == 2
 
 
 def test_a_trip_without_a_checkpoint_stops_the_run(tmp_path):
-    control, _ = make(tmp_path)
-    with pytest.raises(RunStopped, match="no complete checkpoint to roll back to"):
-        control.judge(1, dict(NAN))
+    stop = make(tmp_path).judge(1, dict(NAN))
+    assert isinstance(stop, Stop) and "no complete checkpoint to roll back to" in stop.message
 
 
-def test_an_outage_logs_and_saves_the_applied_step_then_advises_resume(tmp_path):
+def test_an_outage_saves_the_applied_step_then_advises_resume(tmp_path):
     service = SimpleNamespace(owned=False, url="http://r:8000")
     supervisor = SimpleNamespace(
         service=service, open_outage=lambda: {"down_s": 3.0, "restarts": 0}, step_metrics=lambda: {}
     )
-    control, run = make(tmp_path, supervisor=supervisor)
-    metrics = dict(HEALTHY)
-    control.judge(1, metrics)  # applied; its row not written yet (validation was running)
+    control = make(tmp_path, supervisor=supervisor)
+    control.judge(1, dict(HEALTHY))  # applied
     stop = control.stopped(RetrieverDownError("retriever.url=http://r:8000 is down\nmore"))
-    assert isinstance(stop, RunStopped)
-    assert run.rows == [(1, metrics)] and ("save", 1) in run.calls
-    text = str(stop)
+    assert isinstance(stop, Stop) and stop.save_step == 1
+    text = stop.message
     assert text.startswith("run stopped during step 2: retriever.url=http://r:8000 is down.")
-    assert "Saved the checkpoint of step 1" in text and "retriever.url=http://r:8000 back" in text
-    assert "trainer.resume=auto" in text
+    assert f"Saved the checkpoint of step 1 ({tmp_path}/checkpoints/step_000001)" in text
+    assert "retriever.url=http://r:8000 back" in text and "trainer.resume=auto" in text
     assert control.health.stop["step"] == 2 and control.health.outages == [{"step": 2, "down_s": 3.0, "restarts": 0}]
 
 
 def test_an_outage_before_any_update_saves_nothing(tmp_path):
-    control, run = make(tmp_path)
-    stop = control.stopped(RetrieverDownError("the retriever is down"))
-    assert "Nothing was trained yet" in str(stop) and "Bring the retriever back" in str(stop)
-    assert run.calls == [] and run.rows == []
-
-
-def test_a_logged_step_is_not_logged_again_on_stop(tmp_path):
-    control, run = make(tmp_path)
-    control.judge(1, dict(HEALTHY))
-    control.logged()
-    control.stopped(RetrieverDownError("down"))
-    assert run.rows == [] and ("save", 1) in run.calls
+    stop = make(tmp_path).stopped(RetrieverDownError("the retriever is down"))
+    assert stop.save_step is None
+    assert "Nothing was trained yet" in stop.message and "Bring the retriever back" in stop.message
 
 
 def test_a_dead_worker_names_the_last_checkpoint_and_other_errors_pass_through(tmp_path):
     import ray
 
-    control, run = make(tmp_path)
-    run.save(3)
+    control = make(tmp_path)
+    save(control.ckpts, 3)
     control.done_step = 3
     stop = control.stopped(ray.exceptions.WorkerCrashedError())
-    assert "during step 4: a Ray worker died (WorkerCrashedError" in str(stop)
-    assert f"The last complete checkpoint is {run.ckpts.latest()}" in str(stop)
+    assert "during step 4: a Ray worker died (WorkerCrashedError" in stop.message and stop.save_step is None
+    assert f"The last complete checkpoint is {control.ckpts.latest()}" in stop.message
     assert control.stopped(ValueError("a bug")) is None
 
 
@@ -150,7 +122,93 @@ def test_supervised_records_the_outages_of_the_body(tmp_path):
     supervisor = SimpleNamespace(
         check=lambda: events.append("check"), watching=watching, take_outages=lambda: [{"down_s": 1.0}]
     )
-    control, _ = make(tmp_path, supervisor=supervisor)
+    control = make(tmp_path, supervisor=supervisor)
     with pytest.raises(KeyError), control.supervised(5):
         raise KeyError("the step failed")
     assert events == ["check", "watch"] and control.health.outages == [{"step": 5, "down_s": 1.0}]
+
+
+def test_the_decisions_come_back_in_the_order_the_loop_must_act(tmp_path):
+    """A run's decisions, in the order they come: each with the control's bookkeeping done before it comes back (the
+    rollback and the stop are in the health a checkpoint written for them stores)."""
+    control = make(tmp_path, lr_factor=0.5)
+    decisions = [control.judge(1, dict(HEALTHY))]
+    save(control.ckpts, 1)
+    decisions.append(control.judge(2, dict(NAN)))
+    assert len(control.health.rollbacks) == 1 and control.done_step == 1  # before the loop restores
+    decisions.append(control.judge(2, dict(HEALTHY)))
+    decisions.append(control.stopped(RetrieverDownError("down")))
+    assert control.health.stop == {"step": 3, "reason": "down"}  # before the loop saves step 2
+    assert [type(d) for d in decisions] == [Continue, RollbackTo, Continue, Stop]
+    assert (decisions[1].step, decisions[1].lr_scale, decisions[3].save_step) == (1, 0.5, 2)
+
+
+class ScriptedTrainer:
+    """The loop's own code (`Trainer.fit` and what it calls) over scripted steps: what it does is recorded."""
+
+    fit, _run, _commit, _roll_back, _halt, log = (
+        Trainer.fit, Trainer._run, Trainer._commit, Trainer._roll_back, Trainer._halt, Trainer.log
+    )  # fmt: skip
+
+    def __init__(self, tmp_path, script: dict, total_steps: int, test_freq: int = 0, val_fails: bool = False):
+        self.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=total_steps, test_freq=test_freq, save_freq=1,
+                                                           val_before_train=False))  # fmt: skip
+        self.control, self.script, self.val_fails = make(tmp_path, lr_factor=0.5), script, val_fails
+        self.events, self.history = [], []
+        self.rollouts = SimpleNamespace(applied=lambda: self.events.append("applied"))
+        self.metrics = SimpleNamespace(log=lambda metrics, step: None, close=lambda: self.events.append("close"))
+
+    def maybe_resume(self) -> int:
+        return 0
+
+    def train_step(self, step: int) -> dict:
+        self.events.append(f"train {step}")
+        return dict(self.script[step].pop(0))
+
+    def validate(self) -> dict:
+        if self.val_fails:
+            raise RetrieverDownError("the retriever is down")
+        return {"val/em": 1.0}
+
+    def save(self, step: int) -> None:
+        self.events.append(f"save {step}")
+        save(self.control.ckpts, step, self.control.health)
+
+    def restore(self, path: str) -> tuple[int, dict]:
+        state = self.control.ckpts.read_trainer_state(path)
+        self.events.append(f"restore {state['step']}")
+        return state["step"], state
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.events.append(f"lr {scale}")
+
+
+def test_the_loop_carries_out_a_rollback_then_commits_each_step_in_order(tmp_path):
+    trainer = ScriptedTrainer(tmp_path, {1: [HEALTHY], 2: [NAN, HEALTHY], 3: [HEALTHY]}, total_steps=3, test_freq=3)
+    assert trainer.fit() == trainer.history
+    assert trainer.events == [
+        *("train 1", "applied", "save 1"),
+        *("train 2", "restore 1", "lr 0.5"),  # the tripped step: no row, no save
+        *("train 2", "applied", "save 2"),
+        *("train 3", "applied", "save 3", "close"),
+    ]
+    assert [row["step"] for row in trainer.history] == [1, 2, 3]
+    assert trainer.history[1][sig.ROLLED_BACK_FROM] == 2.0 and trainer.history[2]["val/em"] == 1.0
+
+
+def test_the_loop_logs_the_applied_step_then_saves_it_when_validation_meets_an_outage(tmp_path):
+    trainer = ScriptedTrainer(tmp_path, {1: [HEALTHY], 2: [HEALTHY]}, total_steps=2, test_freq=2, val_fails=True)
+    with pytest.raises(RunStopped, match="run stopped during step 3: the retriever is down") as info:
+        trainer.fit()
+    assert isinstance(info.value.__cause__, RetrieverDownError)
+    assert trainer.events[-4:] == ["train 2", "applied", "save 2", "close"]  # save 2: the stop's
+    assert [row["step"] for row in trainer.history] == [1, 2] and "val/em" not in trainer.history[1]
+    state = trainer.control.ckpts.read_trainer_state(trainer.control.ckpts.latest())
+    assert state["step"] == 2 and state["health"]["stop"] == {"step": 3, "reason": "the retriever is down"}
+
+
+def test_the_loop_stops_when_the_rollbacks_are_used_up(tmp_path):
+    trainer = ScriptedTrainer(tmp_path, {1: [NAN]}, total_steps=2)
+    with pytest.raises(RunStopped, match="no complete checkpoint to roll back to"):
+        trainer.fit()
+    assert trainer.events == ["train 1", "close"] and trainer.history == []
