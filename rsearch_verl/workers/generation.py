@@ -133,7 +133,7 @@ class GenerationWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def generate_sequences_async(self, prompts: DataProto) -> DataProto:
-        """Generate this worker's share of `prompts`; the driver gets futures at once (`PendingRollout.result()`)."""
+        """Generate this worker's share of `prompts`; the driver gets futures at once (`PendingGeneration.result()`)."""
         with self._generating:
             self._wait_for_version(int(prompts.meta_info.get("min_version", 0)))
             with self._state:
