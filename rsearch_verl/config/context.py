@@ -68,14 +68,23 @@ def check_context(cfg: RSearchConfig) -> None:
         )
     if budget is None:
         return
-    turn = rc.max_tokens_per_turn + (ctx.summary_max_tokens if ctx.strategy == "summary" else 0)
-    if cfg.data.max_prompt_length + turn > budget:
+    if cfg.data.max_prompt_length + rc.max_tokens_per_turn > budget:
         raise ConfigError(
             f"rollout.context.max_tokens: a prompt (data.max_prompt_length={cfg.data.max_prompt_length}) and one turn "
-            f"(rollout.max_tokens_per_turn={rc.max_tokens_per_turn}"
-            + (f" + rollout.context.summary_max_tokens={ctx.summary_max_tokens}" if ctx.strategy == "summary" else "")
-            + f") do not fit the budget of {budget} tokens"
+            f"(rollout.max_tokens_per_turn={rc.max_tokens_per_turn}) do not fit the budget of {budget} tokens"
         )
+    if ctx.strategy != "none":  # after a fold the context must hold the prompt, a turn and its observation
+        turn = rc.max_tokens_per_turn + rc.max_obs_length + (ctx.summary_max_tokens if ctx.strategy == "summary" else 0)
+        parts = "rollout.max_tokens_per_turn + rollout.max_obs_length" + (
+            " + rollout.context.summary_max_tokens" if ctx.strategy == "summary" else ""
+        )
+        if 2 * turn > min(budget - cfg.data.max_prompt_length, rc.max_response_length):
+            raise ConfigError(
+                f"rollout.context.max_tokens / rollout.max_response_length: a fold keeps room for one turn and its "
+                f"observation ({parts} = {turn} tokens); the context left after the prompt "
+                f"(rollout.context.max_tokens - data.max_prompt_length = {budget - cfg.data.max_prompt_length}) and "
+                f"the row (rollout.max_response_length = {rc.max_response_length}) must each hold two of them"
+            )
     if ctx.strategy != "none" and cfg.actor.loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         raise ConfigError(
             f"actor.loss_agg_mode: {cfg.actor.loss_agg_mode} weighs every row alike, and a folded trajectory is "

@@ -77,6 +77,7 @@ class ContextWindow:
         )
         self.marker_ids = tokenizer.encode(marker, add_special_tokens=False)
         self.note_open_ids = tokenizer.encode(NOTE_OPEN, add_special_tokens=False)
+        self.turn_need = self.rc.max_tokens_per_turn + self.rc.max_obs_length  # a turn and its observation
 
     # ------------------------------------------------------------------ budgets
     def turn_room(self, traj) -> int:
@@ -104,8 +105,11 @@ class ContextWindow:
         return min(self.rc.max_response_length - len(row.response_ids), self.budget - row.context_len - reserve)
 
     def must_fold(self, traj) -> bool:
-        """A folding strategy folds before a turn that would get less than its full `max_tokens_per_turn`."""
-        return self.strategy != "none" and self.turn_room(traj) < self.rc.max_tokens_per_turn
+        """A folding strategy folds before a turn unless the row and the context have room for a whole turn and the
+        observation after it (so observations are cut by `max_obs_length` alone, never by the budget)."""
+        if self.strategy == "none":
+            return False
+        return self.obs_room(traj) < self.turn_need
 
     def _note_reserve(self) -> int:
         return len(self.note_open_ids) + self.ctx.summary_max_tokens
@@ -118,7 +122,7 @@ class ContextWindow:
         else:
             new_context = self._dropped_context(traj)
         reserve = self._note_reserve() if self.strategy == "summary" else 0
-        if new_context is None or len(new_context) + self.rc.max_tokens_per_turn + reserve > self.budget:
+        if new_context is None or len(new_context) + self.turn_need + reserve > self.budget:
             return False  # no room for a whole turn even after the fold: the trajectory ends in its current row
         traj.open_row(new_context)
         traj.folds += 1
@@ -129,7 +133,7 @@ class ContextWindow:
         # the new context fills at most half of what the prompt leaves (so folds are not every turn), and leaves a
         # whole turn of room both in the context budget and in the new row's response budget
         free = min(self.budget, traj.prompt_len + self.rc.max_response_length) - traj.prompt_len
-        target = traj.prompt_len + max(0, (free - self.rc.max_tokens_per_turn) // 2)
+        target = traj.prompt_len + max(0, (free - self.turn_need) // 2)
         kept: list[list[int]] = []
         used = traj.prompt_len + len(self.marker_ids)  # room for one marker standing for dropped turns
         for age, turn in enumerate(reversed(traj.turns)):
