@@ -230,7 +230,7 @@ def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = 
     source = model_cfg.sft_checkpoint or model_cfg.path
     if source == "auto":
         raise ValueError(
-            "model.sft_checkpoint=auto is resolved by the training session (rsearch_verl.warm_start.warm_start); "
+            "model.sft_checkpoint=auto is resolved by the training session (rsearch_verl.toy.warm_start.warm_start); "
             "call warm_start(cfg) first or pass model.sft_checkpoint=null / a directory"
         )
     if source == "tiny":

@@ -10,7 +10,7 @@ is tokenised on its own, as the agent loop does, and an EOS ends the last policy
     python -m rsearch_verl.sft --demos demos.jsonl --out outputs/sft model.path=tiny model.tokenizer_path=TOK
 
 The toy world's warm start (what `model.sft_checkpoint=auto` resolves to) is a curriculum on top of `train_sft`:
-rsearch_verl/warm_start.py.
+rsearch_verl/toy/warm_start.py.
 """
 
 from __future__ import annotations

@@ -64,14 +64,14 @@ class ModelConfig(ConfigNode):
 
 @dataclass
 class ToyWorldConfig(ConfigNode):
-    """The embedded offline world (rsearch_verl/data/toy_world.py)."""
+    """The embedded offline world (rsearch_verl/toy/world.py)."""
 
     seed: int = 0
     n_entities: int = 320
     n_train: int = 512
     n_val: int = 64
     cache_dir: str = "~/.cache/rsearch_verl/toy_world"
-    # What makes a world harder (data=toy_world_hard; rsearch_verl/data/toy_world_hard.py). At these defaults the world
+    # What makes a world harder (data=toy_world_hard; rsearch_verl/toy/world_hard.py). At these defaults the world
     # is the default one, byte for byte and under the same cache hash (fields at their default stay out of the key).
     two_hop_share: float = 0.5  # wanted share of 2-hop questions in each split (the rest: 1-hop)
     three_hop_share: float = 0.0  # wanted share of 3-hop ones ("the region of the birthplace of the mentor of X")
@@ -328,7 +328,7 @@ class SFTConfig(ConfigNode):
 
 @dataclass
 class WarmStartConfig(ConfigNode):
-    """The toy world's warm start (rsearch_verl/warm_start.py), what model.sft_checkpoint=auto resolves to: an SFT
+    """The toy world's warm start (rsearch_verl/toy/warm_start.py), what model.sft_checkpoint=auto resolves to: an SFT
     curriculum in two phases, each ending on a skill probe. Its seed is model.warm_start_seed."""
 
     sft: SFTConfig = field(default_factory=SFTConfig)  # batch size, max length, warm-up steps

@@ -1,8 +1,8 @@
 """The prompts a run trains and validates on, and the corpus its own retrieval server serves.
 
-`data.source=toy_world` builds (or reuses) the embedded toy world (rsearch_verl/data/toy_world.py), renders its
+`data.source=toy_world` builds (or reuses) the embedded toy world (rsearch_verl/toy/world.py), renders its
 questions with the recipe's protocol and, for the tiny policy, trains the world's tokenizer
-(rsearch_verl/data/toy_tokenizer.py); `data.source=parquet` reads the rows written by rsearch_verl/data/prepare.py.
+(rsearch_verl/toy/tokenizer.py); `data.source=parquet` reads the rows written by rsearch_verl/data/prepare.py.
 
 Usage:
     data = load_run_data(cfg, protocol)   # -> RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
@@ -16,9 +16,9 @@ import json
 import os
 
 from rsearch_verl.config import DATA_SOURCES, RSearchConfig
-from rsearch_verl.data.toy_tokenizer import toy_tokenizer
-from rsearch_verl.data.toy_world import build_toy_world
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.toy.tokenizer import toy_tokenizer
+from rsearch_verl.toy.world import build_toy_world
 
 
 @dataclasses.dataclass

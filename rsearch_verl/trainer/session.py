@@ -88,7 +88,7 @@ class TrainingSession:
         self.run_cfg: RSearchConfig | None = None  # the run's: the recipe + what it resolved while starting (_prepare)
         self.protocol = protocol_for(cfg)  # the run's protocol, the one instance of the driver: handed down from here
         self.context = RunContext()  # what the run resolved while starting (tokenizer, warm start, retriever URL)
-        self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/warm_start.py)
+        self.warm_start_report: dict | None = None  # the toy warm start's skill probes (rsearch_verl/toy/warm_start.py)
         self.retriever: RetrieverService | None = None
         self._stack = contextlib.ExitStack()
 
@@ -107,7 +107,7 @@ class TrainingSession:
         # policy's tokenizer is loaded from; the run's config (below) adds the warm start and the retriever's URL
         with_tokenizer = ctx.apply(recipe)
         if recipe.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
-            from rsearch_verl.warm_start import read_report, warm_start
+            from rsearch_verl.toy.warm_start import read_report, warm_start
 
             ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer))
             self.warm_start_report = read_report(ctx.sft_checkpoint)

@@ -105,7 +105,7 @@ def test_retriever_token_is_a_key_that_config_yaml_and_logs_never_show():
 
 def test_lora_and_attention_keep_the_warm_start_cache_key():
     # the warm start never reads them (SFT trains the plain model); a 2-step LoRA run rebuilt it for 5 minutes
-    from rsearch_verl.warm_start import cache_key
+    from rsearch_verl.toy.warm_start import cache_key
 
     base = cache_key(load_config(["+recipe=search_r1_grpo"]))
     lora = ["model.lora_rank=32", "model.lora_alpha=64", "model.attn_implementation=sdpa"]

@@ -37,7 +37,7 @@ class Run:
 
 TOUR_URL = "retriever.url=http://127.0.0.1:8000"
 RUN = (
-    Run(".venv/bin/python -m rsearch_verl.data.toy_world --corpus-out corpus.jsonl", 120, ("corpus\t", "example\t")),
+    Run(".venv/bin/python -m rsearch_verl.toy.world --corpus-out corpus.jsonl", 120, ("corpus\t", "example\t")),
     Run(
         ".venv/bin/python -m retrieval_server build --corpus corpus.jsonl --encoder bm25 --out indexes/toy",
         240,

@@ -16,11 +16,11 @@ def searching_policy(toy_cache, tmp_path_factory) -> str:
     import torch
 
     from rsearch_verl.config import SFTConfig, load_config
-    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
-    from rsearch_verl.data.toy_world import build_toy_world
     from rsearch_verl.run_context import RunContext
     from rsearch_verl.sft import load_policy, save_hf, train_sft
-    from rsearch_verl.warm_start import toy_demos
+    from rsearch_verl.toy.tokenizer import toy_tokenizer
+    from rsearch_verl.toy.warm_start import toy_demos
+    from rsearch_verl.toy.world import build_toy_world
 
     cfg = load_config(["+recipe=search_r1_grpo", *TINY, *FAST, f"data.toy_world.cache_dir={toy_cache}"])
     tok_dir = toy_tokenizer(build_toy_world(cfg.data.toy_world), [cfg.rollout.protocol])

@@ -120,8 +120,8 @@ def _rollout_lines(run_dir) -> list[dict]:
 @pytest.mark.timeout(2400)  # three runs: ~1 min each on an idle 2-core machine, far more on a shared busy one
 def test_a_run_survives_outages_a_dead_worker_and_a_nan(tmp_path, toy_cache, searching_policy):
     from rsearch_verl.config import load_config
-    from rsearch_verl.data.toy_world import build_toy_world
     from rsearch_verl.search.service import ensure_index, free_port, wait_healthy
+    from rsearch_verl.toy.world import build_toy_world
 
     run_dir, port = tmp_path / "run", free_port()
     url = f"http://127.0.0.1:{port}"

@@ -80,7 +80,7 @@ def test_prompts_are_pinned(name):
 @pytest.mark.parametrize("name", ALL)
 def test_a_protocol_is_one_module_with_its_demo_format(name):
     """Everything a protocol is lives in its class: tags, prompts, parser, observations and the demonstration format
-    (rsearch_verl/data/toy_demos.py reads `demo_format`); `protocol_for` builds the run's from its config."""
+    (rsearch_verl/toy/demos.py reads `demo_format`); `protocol_for` builds the run's from its config."""
     from rsearch_verl.config import load_config
     from rsearch_verl.rollout.protocols import protocol_class, protocol_for
 

@@ -8,14 +8,14 @@ import os
 import pytest
 import torch
 
-import rsearch_verl.warm_start as warm_start_module
+import rsearch_verl.toy.warm_start as warm_start_module
 from rsearch_verl.config import SFTConfig, load_config
 from rsearch_verl.data.run_data import toy_world_data
 from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import _collate, sft_loss, tokenize_demo, train_sft
-from rsearch_verl.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
+from rsearch_verl.toy.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
 
 SMALL = [
     "model.sft_checkpoint=null",
@@ -82,9 +82,9 @@ def test_sft_lowers_loss(tmp_path):
 
 def _scripted_probe(cfg, answer_right: bool, search: bool):
     """A probe whose engine writes the toy world's ideal trajectory (or a wrong answer / no search)."""
-    from rsearch_verl.data.toy_demos import question_attrs
-    from rsearch_verl.data.toy_entities import fact_key
     from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
+    from rsearch_verl.toy.demos import question_attrs
+    from rsearch_verl.toy.entities import fact_key
 
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, tok, seed=0)

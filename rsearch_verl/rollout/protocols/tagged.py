@@ -32,7 +32,7 @@ class TagSearchProtocol(SearchProtocol):
     empty_results = "No results found."
     system_prompt = ""  # the paper's instructions: the system message (instruct), the text before the question (base)
     # how the policy writes (thought, search call, final answer) in this protocol's demonstrations (SFT warm start,
-    # rsearch_verl/data/toy_demos.py, which checks each rendered demonstration with this protocol's own parser);
+    # rsearch_verl/toy/demos.py, which checks each rendered demonstration with this protocol's own parser);
     # {t}, {q}, {a}: the thought, the query, the answer
     demo_format: tuple[str, str, str] = ("<think> {t} </think>\n", "<search> {q} </search>", "<answer> {a} </answer>")
     demo_evidence = ""  # text the policy writes before its answer in a demonstration; {e}: the supporting passages

@@ -16,8 +16,8 @@ from training questions, only found in the corpus. Attribute values (colours, pr
 are shared; full names never are.
 
 Harder worlds (`data=toy_world_hard`: 3-hop questions, near-twin distractors, passages of several sentences, questions
-worded unlike the passages) come from rsearch_verl/data/toy_world_hard.py, which `generate` hands over to when the
-config's knobs ask for it; the entities and the fact phrasing both generators use are rsearch_verl/data/toy_entities.py.
+worded unlike the passages) come from rsearch_verl/toy/world_hard.py, which `generate` hands over to when the
+config's knobs ask for it; the entities and the fact phrasing both generators use are rsearch_verl/toy/entities.py.
 
 Files, cached under `cfg.cache_dir/<hash of the ToyWorldConfig>/` (built in a temp dir and renamed, so a half
 written world is never reused): `corpus.jsonl`, `train.jsonl`, `val.jsonl` (`{"id", "question",
@@ -27,13 +27,13 @@ hop), `entities.json`, `world.json` (written last = complete).
 
 Usage:
     world = build_toy_world(cfg.data.toy_world)        # -> World(root, corpus_path, train_path, val_path, ...)
-    tok_dir = toy_tokenizer(world, ["search_r1"])      # rsearch_verl/data/toy_tokenizer.py: for the tiny policy
-    demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/data/toy_demos.py: SFT demos
+    tok_dir = toy_tokenizer(world, ["search_r1"])      # rsearch_verl/toy/tokenizer.py: for the tiny policy
+    demos = demonstrations(world, "search_r1", n=64, seed=0)   # rsearch_verl/toy/demos.py: SFT demos
 CLI (build or find the cached world, print its paths and a few questions; `--corpus-out` copies the corpus, e.g. for
 launch/retriever.sh's CORPUS, see docs/quick_tour.md):
-    .venv/bin/python -m rsearch_verl.data.toy_world --seed 0 --n-entities 320 [--cache-dir DIR] [--corpus-out F.jsonl]
-    .venv/bin/python -m rsearch_verl.data.toy_world --data toy_world_hard   # the knobs of recipes/data/<name>.yaml
-    python -m rsearch_verl.data.toy_tokenizer --protocols search_r1   # its tokenizer (data/toy_tokenizer.py)
+    .venv/bin/python -m rsearch_verl.toy.world --seed 0 --n-entities 320 [--cache-dir DIR] [--corpus-out F.jsonl]
+    .venv/bin/python -m rsearch_verl.toy.world --data toy_world_hard   # the knobs of recipes/data/<name>.yaml
+    python -m rsearch_verl.toy.tokenizer --protocols search_r1   # its tokenizer (toy/tokenizer.py)
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ import tempfile
 from dataclasses import dataclass
 
 from rsearch_verl.config import ToyWorldConfig
-from rsearch_verl.data.toy_entities import Entity, fact_sentence, make_side, name_pools, question_record
-from rsearch_verl.data.toy_world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
+from rsearch_verl.toy.entities import Entity, fact_sentence, make_side, name_pools, question_record
+from rsearch_verl.toy.world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The toy world's own tokenizer: a small byte-level BPE for the tiny Qwen2 policy, trained on the world's corpus and
 questions and on the protocols' prompts, tags and observation text, with the protocols' special tokens.
 
-It sits above both the world (rsearch_verl/data/toy_world.py) and its demonstrations (rsearch_verl/data/toy_demos.py,
+It sits above both the world (rsearch_verl/toy/world.py) and its demonstrations (rsearch_verl/toy/demos.py,
 whose text sharpens the merges), so neither of those imports it.
 
 Usage:
@@ -18,11 +18,11 @@ import os
 import shutil
 import tempfile
 
-from rsearch_verl.data.toy_demos import demonstrations
-from rsearch_verl.data.toy_world import GENERATOR_VERSION, World, build_toy_world, publish_dir
 from rsearch_verl.models import train_bpe_tokenizer
 from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol
 from rsearch_verl.search.types import Doc
+from rsearch_verl.toy.demos import demonstrations
+from rsearch_verl.toy.world import GENERATOR_VERSION, World, build_toy_world, publish_dir
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m rsearch_verl.data.toy_tokenizer --protocols search_r1,tool_call [--seed 0] [--cache-dir DIR]`:
+    """`python -m rsearch_verl.toy.tokenizer --protocols search_r1,tool_call [--seed 0] [--cache-dir DIR]`:
     build (or find) the default-sized world's tokenizer and print its directory."""
     import argparse
 

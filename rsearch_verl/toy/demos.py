@@ -5,12 +5,12 @@ the same name words, but with new name combinations and new facts, and never a v
 demonstrated about once, so a policy cannot lower its SFT loss by memorising question -> answer: it has to copy
 names from the question into its search and the answer out of the retrieved passage, which is what transfers to
 held-out entities. Each demonstration follows its protocol's `demo_format` (rsearch_verl/rollout/protocols/, checked
-with the protocol's own parser). On a harder world (rsearch_verl/data/toy_world_hard.py) the practice worlds come from
+with the protocol's own parser). On a harder world (rsearch_verl/toy/world_hard.py) the practice worlds come from
 its generator (twins, multi-sentence passages, paraphrased 1- to 3-hop questions) and are searched with the retrieval
 server's BM25 index; a demonstration still searches each hop's fact by its key, whatever the question's wording.
 
 Usage:
-    from rsearch_verl.data.toy_demos import demonstrations
+    from rsearch_verl.toy.demos import demonstrations
     demos = demonstrations(world, "search_r1", n=1024, seed=0, p_no_search=0.5, topk=1)
     # [{"prompt", "segments": [(role, text), ...], "answer", "question", "searched"}, ...]
 """
@@ -21,7 +21,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from rsearch_verl.data.toy_entities import (
+from rsearch_verl.segments import OBSERVATION, POLICY
+from rsearch_verl.toy.entities import (
     ANIMALS,
     COLOURS,
     PHRASE,
@@ -32,9 +33,8 @@ from rsearch_verl.data.toy_entities import (
     make_side,
     name_pools,
 )
-from rsearch_verl.data.toy_world import ONE_HOP, TWO_HOP, World, corpus_rows, n_val_entities, question_pool
-from rsearch_verl.data.toy_world_hard import practice_side, uses_hard_generator
-from rsearch_verl.segments import OBSERVATION, POLICY
+from rsearch_verl.toy.world import ONE_HOP, TWO_HOP, World, corpus_rows, n_val_entities, question_pool
+from rsearch_verl.toy.world_hard import practice_side, uses_hard_generator
 
 
 def _run_sync(make_coro):

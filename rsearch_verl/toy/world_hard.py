@@ -1,7 +1,7 @@
 """The harder toy world (`data=toy_world_hard`): the default world's generator with the ways real search is hard.
 
 Turned on by the `ToyWorldConfig` knobs beyond the sizes (rsearch_verl/config/schema.py; at their defaults the world is
-the default one, built by rsearch_verl/data/toy_world.py alone, byte for byte):
+the default one, built by rsearch_verl/toy/world.py alone, byte for byte):
   - `three_hop_share` (and `two_hop_share`): 3-hop questions ("In which region is the birthplace of the mentor of X
     located?") beside 1- and 2-hop ones, and more question types (a person's mentor and birth year, a city's founding).
   - `distractors`: near-twin entities, their name one syllable off a real one's ("Kiro Baz" / "Kiro Bax": one word
@@ -17,13 +17,13 @@ the default one, built by rsearch_verl/data/toy_world.py alone, byte for byte):
     its namesakes') first, while the fact's key finds its passage: a search has to be reformulated.
 
 Each question record adds `path` (the attribute asked at each hop) to the default world's fields. Measured (BM25 over
-the corpus, top 3, tests/data/test_data_toy_world_hard.py): the question text finds its first hop's passage for about a
+the corpus, top 3, tests/toy/test_toy_world_hard.py): the question text finds its first hop's passage for about a
 third of the questions, the fact's key for all of them.
 
 Usage (through the world):
     world = build_toy_world(ToyWorldConfig(three_hop_share=0.3, distractors=0.5, context_sentences=2,
                                            paraphrase=True))   # the knobs of recipes/data/toy_world_hard.yaml
-    .venv/bin/python -m rsearch_verl.data.toy_world --data toy_world_hard   # build it, print its paths and questions
+    .venv/bin/python -m rsearch_verl.toy.world --data toy_world_hard   # build it, print its paths and questions
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from rsearch_verl.data.toy_entities import (
+from rsearch_verl.toy.entities import (
     ANIMALS,
     COLOURS,
     PHRASE,
@@ -175,7 +175,7 @@ def uses_hard_generator(cfg) -> bool:
 
 def name_variants(pools: dict, seed: int) -> dict[str, str]:
     """Every pool word -> its one-syllable variant (new words, none a part of another word), fixed by the world's seed:
-    the world and its practice sides (rsearch_verl/data/toy_demos.py) spell twins with the same words."""
+    the world and its practice sides (rsearch_verl/toy/demos.py) spell twins with the same words."""
     rng = random.Random(f"toy-world-variants-{seed}")
     words = [w for kind in sorted(pools) for pool in pools[kind] for w in pool]
     taken = {w.lower() for w in words}
@@ -418,7 +418,7 @@ def generate_hard(cfg, rng: random.Random, pools: dict, n_val: int):
 
 
 def practice_side(rng: random.Random, cfg, pools: dict, n: int, used: set[str], prefix: str):
-    """A train-like hard sub-world for demonstrations (rsearch_verl/data/toy_demos.py): `n` entities named from the
+    """A train-like hard sub-world for demonstrations (rsearch_verl/toy/demos.py): `n` entities named from the
     world's pools (none in `used`: the world's validation names), their twins spelt with the world's variants.
     Returns (entities, passage id -> contents, hops -> questions)."""
     names = side_names(rng, "train", n, pools, used)

@@ -12,11 +12,11 @@ import re
 import pytest
 
 from rsearch_verl.config import ToyWorldConfig, load_config
-from rsearch_verl.data.toy_entities import PHRASE, fact_key, fact_sentence
-from rsearch_verl.data.toy_world import build_toy_world, world_fields, world_hash
-from rsearch_verl.data.toy_world_hard import KNOBS, QUESTIONS, uses_hard_generator
 from rsearch_verl.frozen import ConfigError
 from rsearch_verl.testing.worlds import mentions, side_leaks
+from rsearch_verl.toy.entities import PHRASE, fact_key, fact_sentence
+from rsearch_verl.toy.world import build_toy_world, world_fields, world_hash
+from rsearch_verl.toy.world_hard import KNOBS, QUESTIONS, uses_hard_generator
 
 DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag", "tool_call"]
 
@@ -164,8 +164,8 @@ def test_bm25_finds_the_fact_by_its_key_but_mostly_not_by_the_question(tmp_path,
 def test_demonstrations_reformulate_every_question_type(world, protocol):
     """Demonstrations search each hop's fact by its key (never the question's words) with the practice world's BM25
     retriever, see the fact in the observation and answer it; every question type is demonstrated."""
-    from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.toy.demos import demonstrations
 
     proto = get_protocol(protocol)
     demos = demonstrations(world, protocol, n=150, seed=1, p_no_search=0.0, topk=3)
@@ -185,7 +185,7 @@ def test_demonstrations_reformulate_every_question_type(world, protocol):
 
 
 def test_demonstrations_cover_every_question_type_and_search_fact_keys(world):
-    from rsearch_verl.data.toy_demos import demonstrations, practice_sides, question_attrs
+    from rsearch_verl.toy.demos import demonstrations, practice_sides, question_attrs
 
     sides = practice_sides(world, 4, seed=3)  # those of 600 demonstrations
     assert all(side.bm25 and side.three_hop for side in sides)
@@ -211,7 +211,7 @@ def test_the_practice_retriever_is_bm25(world):
     does not find it at all (on the default world it is an exact-key lookup)."""
     import asyncio
 
-    from rsearch_verl.data.toy_demos import practice_search, practice_sides
+    from rsearch_verl.toy.demos import practice_search, practice_sides
 
     side = practice_sides(world, 1, seed=5)[0]
     search = practice_search(side, None)
@@ -225,8 +225,8 @@ def test_the_practice_retriever_is_bm25(world):
 
 def test_the_tokenizer_keeps_every_name_word_one_token(world):
     from rsearch_verl.config import ModelConfig
-    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
     from rsearch_verl.models import load_tokenizer
+    from rsearch_verl.toy.tokenizer import toy_tokenizer
 
     tok = load_tokenizer(ModelConfig(tokenizer_path=toy_tokenizer(world, ["search_r1"])))
     assert len(tok) <= 3072
@@ -239,7 +239,7 @@ def test_the_tokenizer_keeps_every_name_word_one_token(world):
 
 
 def test_the_cli_builds_the_world_the_data_group_composes(tmp_path, capsys):
-    from rsearch_verl.data.toy_world import main
+    from rsearch_verl.toy.world import main
 
     main(["--data", "toy_world_hard", "--cache-dir", str(tmp_path)])
     paths = dict(line.split("\t", 1) for line in capsys.readouterr().out.splitlines() if "\t" in line)

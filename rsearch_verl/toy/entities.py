@@ -1,8 +1,8 @@
-"""The toy world's entities and how their facts are worded, shared by the default generator (toy_world.py) and the
-harder one (toy_world_hard.py): made-up name words, the entity record, one sub-world's people, cities and regions,
+"""The toy world's entities and how their facts are worded, shared by the default generator (world.py) and the
+harder one (world_hard.py): made-up name words, the entity record, one sub-world's people, cities and regions,
 and the phrase a fact is searched and stated by ("the birthplace of Kiro Baz").
 
-Usage (through the generators; see rsearch_verl/data/toy_world.py for the world and its CLI):
+Usage (through the generators; see rsearch_verl/toy/world.py for the world and its CLI):
     pools = name_pools(random.Random("toy-world-0"), 320)       # per kind, two pools of made-up words
     side = make_side(rng, "train", 224, pools, used=set())       # [Entity, ...]: regions, cities, people
     fact_key("birthplace", "Kiro Baz")                           # "the birthplace of Kiro Baz"

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from rsearch_verl.config import ToyWorldConfig
-from rsearch_verl.data.toy_entities import COLOURS, PROFESSIONS
-from rsearch_verl.data.toy_world import build_toy_world, generate, world_hash
 from rsearch_verl.testing.worlds import mentions, side_leaks
+from rsearch_verl.toy.entities import COLOURS, PROFESSIONS
+from rsearch_verl.toy.world import build_toy_world, generate, world_hash
 
 KINDS = ("person", "city", "region")
 
@@ -41,7 +41,7 @@ DEFAULT_WORLD_SHA256 = {
 
 
 def test_the_default_world_is_byte_for_byte_what_it_was(world):
-    from rsearch_verl.data.toy_world import world_fields
+    from rsearch_verl.toy.world import world_fields
 
     assert {name: hashlib.sha256(data).hexdigest() for name, data in _files(world).items()} == DEFAULT_WORLD_SHA256
     assert os.path.basename(world.root) == world_hash(ToyWorldConfig()) == "b0f945b2a70f"
@@ -139,8 +139,8 @@ DEMO_PROTOCOLS = ["search_r1", "research", "r1_searcher", "r_search", "nl_dag", 
 
 @pytest.mark.parametrize("protocol", DEMO_PROTOCOLS)
 def test_demonstrations_follow_the_protocol(world, protocol):
-    from rsearch_verl.data.toy_demos import demonstrations
     from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.toy.demos import demonstrations
 
     proto = get_protocol(protocol)
     demos = demonstrations(world, protocol, n=40, seed=1, p_no_search=0.5)
@@ -175,9 +175,9 @@ def test_demonstrations_follow_the_protocol(world, protocol):
 
 def test_toy_tokenizer_is_cached_and_gives_each_name_word_one_token(world):
     from rsearch_verl.config import ModelConfig
-    from rsearch_verl.data.toy_tokenizer import toy_tokenizer
     from rsearch_verl.models import load_tokenizer
     from rsearch_verl.rollout.protocols import get_protocol
+    from rsearch_verl.toy.tokenizer import toy_tokenizer
 
     path = toy_tokenizer(world, ["search_r1", "r1_searcher"])
     stamp = os.stat(os.path.join(path, "tokenizer_config.json")).st_mtime_ns
@@ -197,7 +197,7 @@ def test_toy_tokenizer_is_cached_and_gives_each_name_word_one_token(world):
 
 
 def test_cli_prints_the_world(tmp_path, capsys):
-    from rsearch_verl.data.toy_world import main
+    from rsearch_verl.toy.world import main
 
     main(["--seed", "2", "--cache-dir", str(tmp_path), "--n-train", "20", "--n-val", "8"])
     out = dict(line.split("\t", 1) for line in capsys.readouterr().out.splitlines() if "\t" in line)
@@ -210,8 +210,8 @@ def test_searching_each_hop_fact_finds_its_passage(world):
     (what the demonstrations search) returns that hop's fact first for every question: the answers are findable
     by searching, and other facts that name the same entity, or share a name word, rank below it."""
     from retrieval_server.bm25 import BM25Index
-    from rsearch_verl.data.toy_demos import question_attrs
-    from rsearch_verl.data.toy_entities import fact_key
+    from rsearch_verl.toy.demos import question_attrs
+    from rsearch_verl.toy.entities import fact_key
 
     passages = world.passages()
     ids = list(passages)

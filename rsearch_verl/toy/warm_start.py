@@ -2,7 +2,7 @@
 
 RL can only reinforce what the policy already does now and then. On the toy world that is: search the fact a
 question needs, read the retrieved passage and copy the answer out of it. The warm start teaches those skills on
-practice sub-worlds (rsearch_verl/data/toy_demos.py: no fact to memorise) and leaves the *decision* to search weak,
+practice sub-worlds (rsearch_verl/toy/demos.py: no fact to memorise) and leaves the *decision* to search weak,
 so that the greedy warm start answers from "memory" and RL has something to learn. See docs/toy_world_learning.md
 for why it is built this way and what was measured.
 
@@ -19,7 +19,7 @@ The probes' numbers are logged and written next to the checkpoint (`warm_start.j
 
     path = warm_start(cfg)  # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto resolves
                             # to; built in a child process. Its seed is model.warm_start_seed, not the RL seed
-    python -m rsearch_verl.warm_start --out outputs/warm_start +recipe=search_r1_ppo   # the same, to a directory
+    python -m rsearch_verl.toy.warm_start --out outputs/warm_start +recipe=search_r1_ppo   # the same, to a directory
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ import torch
 
 from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
 from rsearch_verl.data.dataset import PromptDataset, render_prompt
-from rsearch_verl.data.toy_demos import demonstrations, practice_search, practice_sides
-from rsearch_verl.data.toy_world import build_toy_world, world_fields
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
+from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
+from rsearch_verl.toy.world import build_toy_world, world_fields
 from rsearch_verl.workers.fsdp import cast_floating
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def read_report(checkpoint: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> str:
-    """`python -m rsearch_verl.warm_start --out DIR [hydra overrides]`: build the warm start and copy it to DIR."""
+    """`python -m rsearch_verl.toy.warm_start --out DIR [hydra overrides]`: build the warm start and copy it to DIR."""
     import argparse
     import shutil
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> str:
     from rsearch_verl.data.run_data import toy_world_data
     from rsearch_verl.run_context import RunContext
 
-    parser = argparse.ArgumentParser(prog="python -m rsearch_verl.warm_start", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rsearch_verl.toy.warm_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to copy the warm start (an HF model directory)")
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides)
