@@ -1,16 +1,18 @@
 """The training loop: the single controller that drives the worker groups one step at a time.
 
 `Trainer.train_step` is the step of docs/architecture.md, one commented call per phase:
-generate (search-aware rollout) → reward → old log-probs → reference log-probs → values → advantages →
-critic update → actor update → weight sync → rollout dump. `fit` adds validation (before the first update, every
-`trainer.test_freq` steps and at the end), metrics, atomic checkpoints every `trainer.save_freq` steps and at the
-end, and `trainer.resume=auto` (continue from the newest complete checkpoint).
+generate (search-aware rollout) → loss mask → reward → old log-probs → reference log-probs → values → advantages →
+critic update → actor update → weight sync → rollout dump. Every phase is `phase(batch, ...) -> (batch, metrics)`
+(trainer/phases.py; the worker calls are methods here) and `StepMetrics.phase` is the one place their metrics merge.
+`fit` adds validation (before the first update, every `trainer.test_freq` steps and at the end), metrics, atomic
+checkpoints every `trainer.save_freq` steps and at the end, and `trainer.resume=auto` (continue from the newest
+complete checkpoint).
 
 Run health (rsearch_verl/trainer/health, docs/health.md): trajectories whose searches failed because the retriever
 was down get no loss. Between steps the run control (rsearch_verl/trainer/run_control.py) checks the retriever before
-every step and watches it during, lets the watchdog roll back to the last complete checkpoint at a lower lr, and turns
-what the run cannot go on from safely (retriever gone past its deadline, a dead Ray worker, rollbacks used up) into
-`RunStopped` after saving what can be saved.
+every step and watches it during, and decides: a rollback to the last complete checkpoint at a lower lr when the
+watchdog trips, a stop when the run cannot go on safely (retriever gone past its deadline, a dead Ray worker, rollbacks
+used up). This loop carries the decisions out: it restores, saves what can be saved and raises `RunStopped`.
 
 Run it through the Hydra entry point: `python -m rsearch_verl.main +recipe=search_r1_ppo`.
 """
@@ -21,11 +23,10 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from verl import DataProto
 
-from rsearch_verl import batch as batch_keys
 from rsearch_verl import signals as sig
 from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset, PromptLoader
@@ -50,6 +51,33 @@ def timed(timing: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timing[f"timing/{name}_s"] = time.perf_counter() - start
+
+
+Phase = Callable[..., tuple[DataProto, Mapping[str, float]]]
+
+
+class StepMetrics:
+    """One step's metrics, merged one way: `add`, in phase order (no two phases write the same key)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def add(self, metrics: Mapping[str, float]) -> None:
+        self.metrics.update(metrics)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.add({f"timing/{name}_s": time.perf_counter() - start})
+
+    def phase(self, name: str | None, fn: Phase, *inputs) -> DataProto:
+        """Run one phase, `fn(*inputs) -> (batch, metrics)`; add its metrics (and `timing/<name>_s` when named) and
+        return its batch."""
+        with self.timed(name) if name else contextlib.nullcontext():
+            batch, metrics = fn(*inputs)
+        self.add(metrics)
+        return batch
 
 
 class Trainer:
@@ -86,72 +114,69 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
-        cfg, wg, timing = self.cfg, self.wg, {}
-        with timed(timing, "step"):
+        """One step: each line one phase, `batch -> (batch, metrics)`; `rec.phase` runs it and merges its metrics."""
+        cfg, rec = self.cfg, StepMetrics()
+        with rec.timed("step"):
             # 1. rollout: multi-turn generation with search; response_mask is 0 on inserted observations. With
             #    trainer.max_staleness >= 1 the batch was generated while earlier steps trained: this only waits
-            with timed(timing, "gen"):
-                batch = self.rollouts.take(step)
-            metrics = {**batch.meta_info.pop("metrics", {}), **phases.rollout_metrics(batch)}
-            self._set_loss_mask(batch, step, metrics)  # the one place that decides which tokens any loss sees
-            batch, fit_metrics = phases.fit_rows(batch, cfg)  # folded trajectories: rows padded for the updates
-            metrics.update(fit_metrics)
-            batch.meta_info["temperature"] = cfg.rollout.temperature  # every log-prob below uses logits / T
-            # 2. rewards from the recipe's reward function (rule-based or judged)
-            with timed(timing, "reward"):
-                batch, reward_metrics = phases.reward_phase(batch, cfg, self.protocol)
-            # 3. log-probs of the sampled tokens under the current policy (= the one that generated them, when
+            batch = rec.phase("gen", self._generate, step)
+            batch = rec.phase(None, phases.rollout_phase, batch)  # the workers' search counters; rollout/* stats
+            # 2. loss_mask, the one place that decides which tokens any loss sees (rows met by an outage: none)
+            batch = rec.phase(None, phases.loss_mask_phase, batch, cfg, step)
+            batch = rec.phase(None, phases.fit_rows, batch, cfg)  # folded trajectories: rows padded for the updates
+            batch = rec.phase(None, phases.worker_args_phase, batch, cfg, step)  # temperature, kl_coef, step
+            # 3. rewards from the recipe's reward function (rule-based or judged)
+            batch = rec.phase("reward", phases.reward_phase, batch, cfg, self.protocol)
+            # 4. log-probs of the sampled tokens under the current policy (= the one that generated them, when
             #    synchronous; the proximal policy of the off-policy correction otherwise)
-            with timed(timing, "old_log_prob"):
-                batch = batch.union(wg.actor.compute_log_prob(batch))
-            metrics.update(**phases.rollout_logprob_gap(batch, step - 1), **phases.sampled_entropy(batch, step - 1))
-            metrics.update(phases.off_policy_phase(batch, cfg))  # importance weights for stale samples
-            # 4. reference log-probs for the KL term
+            batch = rec.phase("old_log_prob", self._old_log_prob, batch)
+            batch = rec.phase(None, phases.logprob_check_phase, batch, step)  # weight-sync gap, sampled entropy
+            batch = rec.phase(None, phases.off_policy_phase, batch, cfg)  # importance weights for stale samples
+            # 5. reference log-probs for the KL term
             if cfg.use_ref:
-                with timed(timing, "ref"):
-                    batch = batch.union(wg.actor.compute_ref_log_prob(batch))
-            # 5. values from the critic (PPO / GAE only)
+                batch = rec.phase("ref", self._ref_log_prob, batch)
+            # 6. values from the critic (PPO / GAE only)
             if cfg.use_critic:
-                with timed(timing, "values"):
-                    batch = batch.union(wg.critic.compute_values(batch))
-            # 6. KL-in-reward and advantages (driver, pure tensor functions, mask-aware)
-            with timed(timing, "adv"):
-                batch, adv_metrics = phases.advantage_phase(batch, cfg, step)
-            # 7. critic and 8. actor updates (`step`: which update this is, for tools on the workers' side)
-            batch.meta_info.update(kl_coef=phases.current_kl_coef(cfg, step), step=step)
-            metrics.update(self._update(batch, timing))
+                batch = rec.phase("values", self._values, batch)
+            # 7. KL-in-reward and advantages (driver, pure tensor functions, mask-aware)
+            batch = rec.phase("adv", phases.advantage_phase, batch, cfg, step)
+            # 8. critic and actor updates
+            batch = rec.phase(None, self._update, batch)
             # 9. push the new weights into the rollout engines (split: between two decode steps of the next batch)
-            with timed(timing, "sync"):
-                metrics.update(wg.sync_rollout_weights(version=step))  # sync/bytes: what left the actor processes
+            batch = rec.phase("sync", self._sync, batch, step)
         # 10. rollout dump for inspection (viewer, debugging)
         if cfg.trainer.dump_rollouts:
             write_rollout_dump(os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl"), batch, self.tokenizer)
-        timing.update(self._idle_times(timing))
-        return {**metrics, **reward_metrics, **adv_metrics, **timing}
+        rec.add(self._idle_times(rec.metrics))
+        return rec.metrics
 
-    def _set_loss_mask(self, batch: DataProto, step: int, metrics: dict[str, float]) -> None:
-        """Drop the trajectories whose search failed because the retriever was down (and, never by construction, those
-        older than the staleness bound), then write the batch's loss_mask: observations masked or not, dropped rows
-        none (rsearch_verl/batch.py)."""
-        cfg = self.cfg
-        dropped = phases.drop_rows(
-            batch,
-            phases.failed_search_rows(batch, cfg, metrics),
-            phases.stale_rows(batch, step, cfg.trainer.max_staleness, metrics),
-        )
-        batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)
+    # the worker phases: (batch, ...) -> (batch, metrics), as trainer/phases.py's
+    def _generate(self, step: int) -> tuple[DataProto, dict[str, float]]:
+        return self.rollouts.take(step), {}
 
-    def _update(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+    def _old_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        return batch.union(self.wg.actor.compute_log_prob(batch)), {}
+
+    def _ref_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        return batch.union(self.wg.actor.compute_ref_log_prob(batch)), {}
+
+    def _values(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        return batch.union(self.wg.critic.compute_values(batch)), {}
+
+    def _update(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         """The critic's and the actor's updates, unless every trajectory was dropped (the update is skipped)."""
         metrics = {sig.UPDATE_SKIPPED: float(not batch.batch["loss_mask"].any())}
         if metrics[sig.UPDATE_SKIPPED]:
-            return metrics
+            return batch, metrics
         if self.cfg.use_critic:
-            with timed(timing, "update_critic"):
+            with timed(metrics, "update_critic"):
                 metrics.update(_worker_metrics(self.wg.critic.update_critic(batch)))
-        with timed(timing, "update_actor"):
+        with timed(metrics, "update_actor"):
             metrics.update(_worker_metrics(self.wg.actor.update_actor(batch)))
-        return metrics
+        return batch, metrics
+
+    def _sync(self, batch: DataProto, step: int) -> tuple[DataProto, dict[str, float]]:
+        return batch, self.wg.sync_rollout_weights(version=step)  # sync/bytes: what left the actor processes
 
     def _idle_times(self, timing: dict[str, float]) -> dict[str, float]:
         """Split placement: seconds of this step each role sat idle (the actor: everything but its own calls)."""

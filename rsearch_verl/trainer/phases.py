@@ -1,8 +1,15 @@
-"""Driver-side phases of a training step that are plain functions of the batch: rewards, KL-in-reward,
-advantages and validation metrics. The workers do the heavy tensor work; these run in the single controller.
+"""Driver-side phases of a training step that are plain functions of the batch: rollout statistics, the loss mask,
+rewards, log-prob checks, importance weights, KL-in-reward, advantages; and validation metrics. The workers do the heavy
+tensor work; these run in the single controller.
 
-Each function takes the step's DataProto (keys documented in rsearch_verl/batch.py) and returns the updated
-batch plus namespaced metrics, so `trainer/loop.py` reads as a list of phases.
+One convention (`Trainer.train_step` in trainer/loop.py reads as a list of them, one line each):
+
+    batch, metrics = phase(batch, *inputs)
+
+A phase takes the step's DataProto (keys documented in rsearch_verl/batch.py) and returns the batch (a new DataProto
+or the same one with the keys it writes) and its own namespaced metrics; it never writes into a dict it was given, and
+every batch key it changes (uid included) is one it documents writing. The other functions here are the phases' pure
+helpers: they read a batch and return values (masks, metrics, new uids), writing into none of their arguments.
 """
 
 from __future__ import annotations
@@ -219,18 +226,24 @@ def rollout_logprob_gap(batch: DataProto, version: int) -> dict[str, float]:
     return {sig.LOGPROB_GAP: float(gap.mean()), "rollout/logprob_abs_diff_max": float(gap.max())}
 
 
-def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> dict[str, float]:
-    """Importance weights pi_prox / pi_behav on every loss token (`is_weights`, algorithm.off_policy), when a
+def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, dict[str, float]]:
+    """Writes `is_weights`: importance weights pi_prox / pi_behav on every loss token (algorithm.off_policy), when a
     correction is on; nothing otherwise (the synchronous loop)."""
     mode = cfg.off_policy_mode
     if mode == "none":
-        return {}
+        return batch, {}
     t = batch.batch
     weights, metrics = importance_weights(
         t["old_log_probs"], t["rollout_log_probs"], t["loss_mask"], mode, cfg.algorithm.off_policy.is_cap
     )
     t["is_weights"] = weights
-    return metrics
+    return batch, metrics
+
+
+def logprob_check_phase(batch: DataProto, step: int) -> tuple[DataProto, dict[str, float]]:
+    """Writes nothing: the weight sync's log-prob gap and the sampled policy's entropy estimate, from the old log-probs
+    of step `step` (the actor holds the weights of version step-1)."""
+    return batch, {**rollout_logprob_gap(batch, step - 1), **sampled_entropy(batch, step - 1)}
 
 
 def sampled_entropy(batch: DataProto, version: int) -> dict[str, float]:
@@ -247,19 +260,19 @@ def sampled_entropy(batch: DataProto, version: int) -> dict[str, float]:
     return {sig.ENTROPY_MC: float(-logp[mask].mean())}
 
 
-def failed_search_rows(batch: DataProto, cfg: RSearchConfig, metrics: dict[str, float]) -> torch.Tensor | None:
+def failed_search_rows(batch: DataProto, cfg: RSearchConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The trajectories to drop because a search failed for an outage reason ([B] bool; the rollout marked them
-    `search_failed`; retriever.breaker.drop_failed). Adds `rollout/search_failed`, `rollout/dropped_trajectories`."""
+    `search_failed`; retriever.breaker.drop_failed; None when no row is marked either way), and the metrics
+    `rollout/search_failed`, `rollout/dropped_trajectories`."""
     nt = batch.non_tensor_batch
     if "search_failed" not in nt:
-        return None
+        return None, {}
     failed = torch.tensor([bool(x) for x in nt["search_failed"]], dtype=torch.bool)
     drop = failed if cfg.retriever.breaker.drop_failed else torch.zeros_like(failed)
-    metrics.update({"rollout/search_failed": float(failed.sum()), sig.DROPPED: float(drop.sum())})
-    return drop
+    return drop, {"rollout/search_failed": float(failed.sum()), sig.DROPPED: float(drop.sum())}
 
 
-def stale_rows(batch: DataProto, step: int, max_staleness: int, metrics: dict[str, float]) -> torch.Tensor:
+def stale_rows(batch: DataProto, step: int, max_staleness: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Trajectories older than the staleness bound ([B] bool), and the `async/*` metrics.
 
     A trajectory's staleness is how many updates its oldest policy token is behind the weights step `step` trains
@@ -272,24 +285,50 @@ def stale_rows(batch: DataProto, step: int, max_staleness: int, metrics: dict[st
     has_tokens = mask.any(-1)
     staleness = torch.where(has_tokens, (step - 1) - oldest, torch.zeros_like(oldest))
     stale = staleness > max_staleness
-    metrics["async/staleness_max"] = float(staleness.max())
-    metrics["async/staleness_mean"] = float(staleness.float().mean())
+    metrics = {"async/staleness_max": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean())}
     for k in range(max_staleness + 1):
         metrics[f"async/staleness_{k}_frac"] = float((staleness == k).float().mean())
     metrics["async/partial_rows_frac"] = float(((newest != oldest) & has_tokens).float().mean())
     metrics["async/dropped_stale"] = float(stale.sum())
-    return stale
+    return stale, metrics
 
 
-def drop_rows(batch: DataProto, *masks: torch.Tensor | None) -> torch.Tensor | None:
-    """Union of `masks` ([B] bool): the rows dropped from the update. Each gets a uid of its own
-    (`<uid>#dropped<i>`), so a group advantage (GRPO, RLOO) leaves it out of its group; the caller zeroes their
-    loss_mask rows."""
+def drop_rows(uids: np.ndarray, *masks: torch.Tensor | None) -> tuple[torch.Tensor | None, np.ndarray]:
+    """Union of `masks` ([B] bool): the rows dropped from the update (None when no mask is given), and the batch's
+    uids with each dropped row's own (`<uid>#dropped<i>`, a copy: `uids` is not written), so a group advantage (GRPO,
+    RLOO) leaves it out of its group. The caller writes both: the uids, and loss_mask rows of zeros."""
     given = [m for m in masks if m is not None]
     if not given:
-        return None
+        return None, uids
     drop = torch.stack(given).any(0)
-    uids = batch.non_tensor_batch["uid"]
+    uids = uids.copy()
     for i in drop.nonzero().flatten().tolist():
         uids[i] = f"{uids[i]}#dropped{i}"
-    return drop
+    return drop, uids
+
+
+def loss_mask_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[DataProto, dict[str, float]]:
+    """Writes `loss_mask`, the one place that decides which tokens any loss sees (rsearch_verl/batch.py: written once,
+    here, right after the rollout), and `uid` of the dropped rows: observations masked or not
+    (algorithm.mask_observations), and no token of a dropped row, one whose search failed because the retriever was
+    down or, never by construction, one older than the staleness bound."""
+    failed, failed_metrics = failed_search_rows(batch, cfg)
+    stale, stale_metrics = stale_rows(batch, step, cfg.trainer.max_staleness)
+    dropped, uids = drop_rows(batch.non_tensor_batch["uid"], failed, stale)
+    batch.non_tensor_batch["uid"] = uids  # a dropped row leaves its group
+    batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)
+    return batch, {**failed_metrics, **stale_metrics}
+
+
+def rollout_phase(batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+    """Takes the rollout workers' metrics off the batch (`meta_info["metrics"]`: search counters, timing) and adds the
+    per-trajectory statistics of the whole batch (`rollout_metrics`)."""
+    return batch, {**batch.meta_info.pop("metrics", {}), **rollout_metrics(batch)}
+
+
+def worker_args_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[DataProto, dict[str, float]]:
+    """Writes the meta_info the worker calls read (a DataProto carries a call's arguments across the worker boundary):
+    `temperature` (every log-prob takes logits / T, as the rollout sampled), `kl_coef` (the KL loss's β at `step`) and
+    `step` (which update this is, for tools on the workers' side: testing/faults.py)."""
+    batch.meta_info.update(temperature=cfg.rollout.temperature, kl_coef=current_kl_coef(cfg, step), step=step)
+    return batch, {}

@@ -69,8 +69,7 @@ def _versions_batch(versions: list[list[int]]) -> DataProto:
 def test_stale_rows_measure_staleness_per_row_and_drop_beyond_the_bound():
     # step 5 trains the weights of step 4: rows from versions 4, 3, {3,4} (a partial rollout), 2 and none at all
     batch = _versions_batch([[4, 4, -1], [3, -1, 3], [3, 4, 4], [2, 2, -1], [-1, -1, -1]])
-    metrics: dict[str, float] = {}
-    stale = phases.stale_rows(batch, step=5, max_staleness=1, metrics=metrics)
+    stale, metrics = phases.stale_rows(batch, step=5, max_staleness=1)
     assert stale.tolist() == [False, False, False, True, False]
     assert metrics["async/staleness_max"] == 2.0
     assert metrics["async/staleness_mean"] == pytest.approx((0 + 1 + 1 + 2 + 0) / 5)
@@ -78,8 +77,8 @@ def test_stale_rows_measure_staleness_per_row_and_drop_beyond_the_bound():
     assert metrics["async/staleness_1_frac"] == pytest.approx(2 / 5)
     assert metrics["async/partial_rows_frac"] == pytest.approx(1 / 5)
     assert metrics["async/dropped_stale"] == 1.0
-    dropped = phases.drop_rows(batch, stale, None)
-    assert list(batch.non_tensor_batch["uid"]) == ["u0", "u1", "u2", "u3#dropped3", "u4"]
+    dropped, uids = phases.drop_rows(batch.non_tensor_batch["uid"], stale, None)
+    assert list(uids) == ["u0", "u1", "u2", "u3#dropped3", "u4"]
     assert dropped.tolist() == stale.tolist()
 
 

@@ -48,11 +48,10 @@ def _batch() -> DataProto:
 
 def _driver_metrics() -> dict[str, float]:
     batch, cfg = _batch(), RSearchConfig()
-    metrics = {**phases.rollout_metrics(batch), **phases.rollout_logprob_gap(batch, 0)}
-    metrics.update(phases.sampled_entropy(batch, 0))
-    phases.failed_search_rows(batch, cfg, metrics)
+    metrics = {**phases.rollout_metrics(batch), **phases.logprob_check_phase(batch, 1)[1]}
+    metrics.update(phases.failed_search_rows(batch, cfg)[1])
     batch.batch["loss_mask"] = torch.zeros_like(batch.batch["response_mask"])  # every row dropped: no update
-    metrics.update(Trainer._update(SimpleNamespace(cfg=cfg), batch, {}))
+    metrics.update(Trainer._update(SimpleNamespace(cfg=cfg), batch)[1])
     return metrics
 
 
