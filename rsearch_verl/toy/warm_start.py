@@ -242,14 +242,21 @@ def build(cfg: RSearchConfig, out: str) -> dict:
 NOT_IN_KEY = ("lora_rank", "lora_alpha", "lora_target_modules", "attn_implementation")
 
 
+# warm_start.sft fields each phase sets itself (train_toy: copy_* / mix_* and model.warm_start_seed): never read as
+# given, so they stay out of the key
+SFT_OVERWRITTEN = ("epochs", "lr", "seed", "schedule")
+
+
 def cache_key(cfg: RSearchConfig) -> str:
     """The warm start's cache key: everything that shapes it -- the model and tokenizer (minus NOT_IN_KEY), the
-    protocol, the world, the retriever's top-k, the options (the `warm_start` group) and model.warm_start_seed -- and
-    not the RL seed, so RL seeds share one warm start."""
+    protocol, the world (not where its cache lies), the retriever's top-k, the options (the `warm_start` group, minus
+    SFT_OVERWRITTEN) and model.warm_start_seed -- and not the RL seed, so RL seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
-    key = [dataclasses.asdict(model), cfg.rollout.protocol, world_fields(cfg.data.toy_world, cache_dir=True)]
-    key += [cfg.retriever.topk, dataclasses.asdict(cfg.warm_start)]
+    options = dataclasses.asdict(cfg.warm_start)
+    options["sft"] = {k: v for k, v in options["sft"].items() if k not in SFT_OVERWRITTEN}
+    key = [dataclasses.asdict(model), cfg.rollout.protocol, world_fields(cfg.data.toy_world)]
+    key += [cfg.retriever.topk, options]
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

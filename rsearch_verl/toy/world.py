@@ -181,18 +181,15 @@ def generate(cfg: ToyWorldConfig) -> tuple[list[Entity], list[dict], list[dict],
 # ----------------------------------------------------------------------------------------------- cache
 
 
-def world_fields(cfg: ToyWorldConfig, cache_dir: bool = False) -> dict:
-    """The config as cache keys see it: every field (`cache_dir` only when asked), but the harder worlds' knobs only
+def world_fields(cfg: ToyWorldConfig) -> dict:
+    """The config as cache keys see it: every field but `cache_dir` (where a cache lies is no part of what it holds, so
+    a copied ~/.cache or another $HOME finds it), and the harder worlds' knobs only
     where they differ from their defaults, so the keys of worlds that never set them (the default world's hash, its
     manifest, the warm start's key) stayed what they were before the knobs existed. A harder world adds its
     generator's version: its caches, the warm start's too, move when that generator changes."""
     defaults = ToyWorldConfig()
     fields = dataclasses.asdict(cfg)
-    out = {
-        k: v
-        for k, v in fields.items()
-        if (cache_dir or k != "cache_dir") and (k not in KNOBS or v != getattr(defaults, k))
-    }
+    out = {k: v for k, v in fields.items() if k != "cache_dir" and (k not in KNOBS or v != getattr(defaults, k))}
     if uses_hard_generator(cfg):
         out["hard_version"] = HARD_VERSION
     return out

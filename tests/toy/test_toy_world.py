@@ -46,9 +46,8 @@ def test_the_default_world_is_byte_for_byte_what_it_was(world):
     assert {name: hashlib.sha256(data).hexdigest() for name, data in _files(world).items()} == DEFAULT_WORLD_SHA256
     assert os.path.basename(world.root) == world_hash(ToyWorldConfig()) == "b0f945b2a70f"
     assert world_hash(ToyWorldConfig(seed=1)) == "49cf2ebca28c"
-    # knobs at their defaults stay out of every cache key (the warm start's keeps cache_dir, as it always did)
-    legacy = {"seed", "n_entities", "n_train", "n_val", "cache_dir"}
-    assert set(world_fields(ToyWorldConfig(), cache_dir=True)) == legacy
+    # knobs at their defaults stay out of every cache key, and so does where the cache lies
+    assert set(world_fields(ToyWorldConfig())) == {"seed", "n_entities", "n_train", "n_val"}
 
 
 def test_deterministic_for_a_seed(tmp_path):
