@@ -1,20 +1,20 @@
 """Validation of the configuration (rsearch_verl/config/schema.py): `validate(cfg)` raises `ConfigError` with one line
 naming the key for any impossible setting, then freezes the tree (rsearch_verl/frozen.py).
 
-Every name the config accepts is checked against the registry that owns it, with the valid ones in the message:
-advantage estimators, KL kinds and schedules, loss aggregation modes (rsearch_verl/algos/), search protocols and their
-constructor's keyword arguments (rsearch_verl/rollout/protocols/), prompt variants, rewards and their keyword
-arguments (rsearch_verl/rewards/), rollout engines (rsearch_verl/rollout/engines/) and data sources (the schema's
-`DATA_SOURCES`, which rsearch_verl/data/run_data.py loads). So a misspelt name fails when the config is loaded, not
-after the warm start and the Ray start-up.
+Every name the config accepts is checked against the list that declares it, with the valid ones in the message:
+advantage estimators, KL kinds and schedules, loss aggregation modes (rsearch_verl/algos/, which config sits below);
+rollout engines, prompt variants, search protocols and rewards with their keyword arguments (rsearch_verl/choices.py
+on the bottom floor, which the registries of rsearch_verl/rollout/ and rsearch_verl/rewards/ check they implement,
+so config imports neither); data sources (the schema's `DATA_SOURCES`, which rsearch_verl/data/run_data.py loads).
+So a misspelt name fails when the config is loaded, not after the warm start and the Ray start-up.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
+from rsearch_verl.choices import ENGINES, PROMPT_VARIANTS, PROTOCOL_KWARGS, REWARD_KWARGS
 from rsearch_verl.config.context import check_context
 from rsearch_verl.config.schema import (
     ATTN_IMPLEMENTATIONS,
@@ -81,10 +81,7 @@ def _validate_algorithm(cfg: RSearchConfig) -> None:
 
 def _validate_names(cfg: RSearchConfig) -> None:
     """The names of data, engine, placement, device and dtype; then the protocol's and the reward's (with their
-    keyword arguments), each against the registry that owns it."""
-    from rsearch_verl.rollout.engines import ENGINES
-    from rsearch_verl.rollout.protocols import PROMPT_VARIANTS
-
+    keyword arguments), each against the list that declares it."""
     _one_of(cfg.data.source, DATA_SOURCES, "data.source")
     _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
     _one_of(cfg.rollout.prompt_variant, PROMPT_VARIANTS, "rollout.prompt_variant")
@@ -96,20 +93,17 @@ def _validate_names(cfg: RSearchConfig) -> None:
 
 
 def _validate_protocol(name: str, kwargs: dict[str, Any]) -> None:
-    from rsearch_verl.rollout.protocols import protocol_class, protocol_names
-
-    _one_of(name, tuple(protocol_names()), "rollout.protocol")
-    accepted = list(inspect.signature(protocol_class(name)).parameters)
+    _one_of(name, tuple(sorted(PROTOCOL_KWARGS)), "rollout.protocol")
+    accepted = list(PROTOCOL_KWARGS[name])
     unknown = sorted(set(kwargs) - set(accepted))
     _check(not unknown, "rollout.protocol_kwargs", f"{name} takes no {unknown}; it accepts {accepted}")
 
 
 def _validate_reward(name: str, kwargs: dict[str, Any]) -> None:
-    from rsearch_verl.rewards import REWARDS, reward_kwargs
-
-    _one_of(name, tuple(sorted(REWARDS)), "reward.name")
-    unknown = sorted(set(kwargs) - set(reward_kwargs(name)))
-    _check(not unknown, "reward.kwargs", f"{name} takes no {unknown}; it accepts {reward_kwargs(name)}")
+    _one_of(name, tuple(sorted(REWARD_KWARGS)), "reward.name")
+    accepted = list(REWARD_KWARGS[name])
+    unknown = sorted(set(kwargs) - set(accepted))
+    _check(not unknown, "reward.kwargs", f"{name} takes no {unknown}; it accepts {accepted}")
 
 
 def _validate_workers(cfg: RSearchConfig) -> None:

@@ -28,7 +28,8 @@ import logging
 import os
 import random
 
-from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol
+from rsearch_verl.choices import PROMPT_VARIANTS
+from rsearch_verl.rollout.protocols import get_protocol
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ inserted by the environment. A trajectory without segments (e.g. a plain generat
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from rsearch_verl.choices import REWARD_KWARGS
 from rsearch_verl.rewards import nl_dag, r1_searcher, r_search, research, search_r1  # noqa: F401 - they register
 from rsearch_verl.rewards.base import (
     OBSERVATION,
@@ -34,15 +34,12 @@ from rsearch_verl.rewards.base import (
 )
 from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol
 
-
-def reward_kwargs(name: str) -> list[str]:
-    """The keyword arguments (`reward.kwargs`) the reward registered as `name` accepts: its keyword-only parameters."""
-    params = inspect.signature(REWARDS[name]).parameters
-    return [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY]
+if set(REWARDS) != set(REWARD_KWARGS):
+    raise ImportError(f"rewards registered {sorted(REWARDS)} != declared in rsearch_verl/choices.py")
 
 
 def _check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
-    allowed = reward_kwargs(name)
+    allowed = list(REWARD_KWARGS[name])
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"reward {name!r} got unknown kwargs {unknown}; it accepts {allowed}")
@@ -79,5 +76,4 @@ __all__ = [
     "RewardResult",
     "compute_rewards",
     "register",
-    "reward_kwargs",
 ]

@@ -6,10 +6,12 @@ importing the package that imports them. `rsearch_verl.rewards` re-exports every
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rsearch_verl.choices import REWARD_KWARGS, check_parameters
 from rsearch_verl.segments import OBSERVATION, POLICY, Segment, policy_text
 
 if TYPE_CHECKING:
@@ -67,9 +69,14 @@ PAPER_PROTOCOL: dict[str, str] = {}  # reward name -> the protocol of its paper 
 
 
 def register(name: str, protocol: str) -> Callable[[RewardFn], RewardFn]:
+    """Register `fn` as reward `name`, read with `protocol` by default; its keyword-only parameters (its
+    `reward.kwargs`) must be the ones rsearch_verl/choices.py declares for `name`, which the config validates."""
+
     def deco(fn: RewardFn) -> RewardFn:
         if name in REWARDS:
             raise ValueError(f"reward {name!r} registered twice")
+        params = inspect.signature(fn).parameters
+        check_parameters(REWARD_KWARGS, "reward", name, [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY])
         REWARDS[name], PAPER_PROTOCOL[name] = fn, protocol
         return fn
 

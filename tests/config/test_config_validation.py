@@ -187,19 +187,49 @@ def test_names_are_checked_at_load_against_their_registries(overrides, line):
         load_config(["+recipe=search_r1_ppo", *overrides])
 
 
-def test_registries_own_the_names_the_config_accepts():
+def test_registries_implement_the_names_the_config_accepts():
+    """config validates against rsearch_verl/choices.py; the registries implement exactly what it declares."""
+    from rsearch_verl.choices import ENGINES, PROMPT_VARIANTS, PROTOCOL_KWARGS, REWARD_KWARGS, check_parameters
     from rsearch_verl.config import DATA_SOURCES
     from rsearch_verl.data.run_data import LOADERS
-    from rsearch_verl.rollout.engines import ENGINES
-    from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol, protocol_names
+    from rsearch_verl.rewards import REWARDS
+    from rsearch_verl.rollout.protocols import get_protocol, protocol_class, protocol_names
 
     assert tuple(LOADERS) == DATA_SOURCES and ENGINES == ("hf", "vllm") and PROMPT_VARIANTS == ("base", "instruct")
     nl_dag = load_config(["+recipe=r_search_dag_grpo", "rollout.protocol_kwargs.max_nodes=3"])
     assert get_protocol(nl_dag.rollout.protocol, **nl_dag.rollout.protocol_kwargs).max_nodes == 3
-    assert len(protocol_names()) == 6
+    assert protocol_names() == sorted(PROTOCOL_KWARGS) and len(protocol_names()) == 6
+    for name in protocol_names():
+        protocol_class(name)  # checks the constructor's parameters against PROTOCOL_KWARGS
+    assert sorted(REWARDS) == sorted(REWARD_KWARGS)  # each checked its keyword-only parameters when it registered
+    with pytest.raises(TypeError, match=r"protocol 'nl_dag' accepts \['tools'\] but rsearch_verl/choices.py declares"):
+        check_parameters(PROTOCOL_KWARGS, "protocol", "nl_dag", ["tools"])
+    with pytest.raises(TypeError, match="reward 'new_reward' is not declared"):
+        check_parameters(REWARD_KWARGS, "reward", "new_reward", [])
 
 
 def test_load_config_without_a_recipe_says_one_is_required():
     with pytest.raises(ConfigError, match=r"^no recipe given: compose one with \+recipe=NAME \(.*search_r1_ppo.*\)"):
         load_config()
     assert load_config(["+recipe=search_r1_ppo"]).recipe == "search_r1_ppo"
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        # the new user's command of the long-horizon issue: 512 + 8192 tokens on a 2048-position policy
+        (["rollout.max_turns=32", "rollout.max_response_length=8192"], "data.max_prompt_length + rollout.max_response"),
+        (["rollout.context.strategy=summary", "rollout.context.max_tokens=4096"], "rollout.context.max_tokens"),
+        (["rollout.context.strategy=fold"], "rollout.context.strategy"),
+        (["rollout.context.strategy=summary", "rollout.context.max_tokens=600"], "rollout.context.max_tokens"),
+        (["rollout.context.strategy=drop_observations", "actor.loss_agg_mode=seq-mean-token-mean"], "loss_agg_mode"),
+    ],
+)
+def test_context_budget_names_the_keys(overrides, keys):
+    with pytest.raises(ConfigError, match=keys.replace(".", r"\.").replace("+", r"\+")):
+        load_config(["+recipe=search_r1_grpo", *overrides])
+
+
+def test_context_budget_that_fits_validates():
+    cfg = load_config(["+recipe=search_r1_grpo", "rollout.context.strategy=summary", "rollout.context.max_tokens=1536"])
+    assert cfg.rollout.context.strategy == "summary" and cfg.rollout.context.max_tokens == 1536

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol, protocol_names
+from rsearch_verl.choices import PROMPT_VARIANTS
+from rsearch_verl.rollout.protocols import get_protocol, protocol_names
 from rsearch_verl.rollout.protocols.nl_dag import parse_dag
 from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 from rsearch_verl.search import SearchError

@@ -8,10 +8,9 @@ vLLM is imported only when `rollout.engine == "vllm"` (this package imports with
 
 from __future__ import annotations
 
+from rsearch_verl.choices import ENGINES  # what rollout.engine accepts: make_engine builds each of these
 from rsearch_verl.config.schema import RolloutConfig
 from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams, Weights, iter_buckets
-
-ENGINES = ("hf", "vllm")  # what rollout.engine accepts (the config validates against this), built by make_engine
 
 
 def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None) -> RolloutEngine:
@@ -34,4 +33,4 @@ def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu
     raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}; known: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "GenerationResult", "RolloutEngine", "SamplingParams", "Weights", "iter_buckets", "make_engine"]
+__all__ = ["GenerationResult", "RolloutEngine", "SamplingParams", "Weights", "iter_buckets", "make_engine"]

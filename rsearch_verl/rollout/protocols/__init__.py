@@ -1,5 +1,6 @@
 """Search protocols, one file per paper (its prompts, parser, observation and demonstration formats), picked by YAML
-name. Adding a protocol: one file here and one line in `_REGISTRY`.
+name. Adding a protocol: one file here, one line in `_REGISTRY` and its name and constructor parameters in
+rsearch_verl/choices.py (which the config validates against; `protocol_class` checks the two agree).
 
     proto = protocol_for(cfg)              # THE run's protocol (rollout.protocol + rollout.protocol_kwargs): built
                                            # once per process (driver, eval, each rollout worker) and handed down
@@ -14,9 +15,11 @@ imports `Doc` from it) without pulling every protocol in.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
-from rsearch_verl.rollout.protocols.base import PROMPT_VARIANTS, Action, SearchProtocol
+from rsearch_verl.choices import PROTOCOL_KWARGS, check_parameters
+from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
 
 # YAML name -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -27,6 +30,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "nl_dag": ("rsearch_verl.rollout.protocols.nl_dag", "NLDagProtocol"),
     "tool_call": ("rsearch_verl.rollout.protocols.tool_call", "ToolCallProtocol"),
 }
+if set(_REGISTRY) != set(PROTOCOL_KWARGS):
+    raise ImportError(f"protocols registered {sorted(_REGISTRY)} != declared in rsearch_verl/choices.py")
 
 
 def protocol_names() -> list[str]:
@@ -38,7 +43,9 @@ def protocol_class(name: str) -> type[SearchProtocol]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown search protocol {name!r}; known: {', '.join(protocol_names())}")
     module_name, class_name = _REGISTRY[name]
-    return getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    check_parameters(PROTOCOL_KWARGS, "protocol", name, list(inspect.signature(cls).parameters))
+    return cls
 
 
 def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
@@ -54,7 +61,6 @@ def protocol_for(cfg) -> SearchProtocol:
 
 
 __all__ = [
-    "PROMPT_VARIANTS",
     "Action",
     "SearchProtocol",
     "get_protocol",

@@ -35,9 +35,6 @@ from typing import Any
 from rsearch_verl.search.types import SearchFn
 from rsearch_verl.segments import Segment, policy_text, segments_from_text
 
-# a protocol's prompt variants: a string for base models, chat messages for instruct models (rollout.prompt_variant)
-PROMPT_VARIANTS = ("base", "instruct")
-
 
 @dataclass
 class Action:

@@ -12,8 +12,9 @@ protocol subclass `TagSearchProtocol` and change only their tags, templates, par
 
 from __future__ import annotations
 
+from rsearch_verl.choices import PROMPT_VARIANTS
 from rsearch_verl.formats import extract_tag
-from rsearch_verl.rollout.protocols.base import PROMPT_VARIANTS, Action, SearchProtocol
+from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
 from rsearch_verl.search.client import SearchError
 from rsearch_verl.search.types import Doc, SearchFn
 
