@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as verl_F
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -168,6 +169,12 @@ def _per_trajectory(name, rewards, mask, index, rows_of, norm_adv_by_std_in_grpo
     count = mask[rows].sum(-1).clamp(min=1)
     per_traj_adv, per_traj_ret = adv.sum(-1) / count, ret.sum(-1) / count  # constant over a row's policy tokens
     owner = torch.as_tensor(trajectory, dtype=torch.long)
+    if name == "reinforce_plus_plus_baseline":  # whitened over tokens: over every row's tokens, as without folds
+        scores, groups = rewards[rows].sum(-1), index[rows]
+        means = {g: scores[groups == g].mean() if (groups == g).sum() > 1 else 0.0 for g in set(groups.tolist())}
+        centred = (scores - torch.stack([torch.as_tensor(means[g]) for g in groups.tolist()]))[owner]
+        whitened = verl_F.masked_whiten(centred.unsqueeze(-1) * mask, mask) * mask
+        return whitened, whitened
     return per_traj_adv[owner].unsqueeze(-1) * mask, per_traj_ret[owner].unsqueeze(-1) * mask
 
 

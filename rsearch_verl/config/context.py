@@ -78,12 +78,12 @@ def check_context(cfg: RSearchConfig) -> None:
         parts = "rollout.max_tokens_per_turn + rollout.max_obs_length" + (
             " + rollout.context.summary_max_tokens" if ctx.strategy == "summary" else ""
         )
-        if 2 * turn > min(budget - cfg.data.max_prompt_length, rc.max_response_length):
+        if turn > min(budget - cfg.data.max_prompt_length, rc.max_response_length):
             raise ConfigError(
                 f"rollout.context.max_tokens / rollout.max_response_length: a fold keeps room for one turn and its "
                 f"observation ({parts} = {turn} tokens); the context left after the prompt "
                 f"(rollout.context.max_tokens - data.max_prompt_length = {budget - cfg.data.max_prompt_length}) and "
-                f"the row (rollout.max_response_length = {rc.max_response_length}) must each hold two of them"
+                f"the row (rollout.max_response_length = {rc.max_response_length}) must each hold them"
             )
     if ctx.strategy != "none" and cfg.actor.loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         raise ConfigError(
