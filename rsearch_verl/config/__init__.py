@@ -33,11 +33,11 @@ from rsearch_verl.config.loading import (
 )
 from rsearch_verl.config.schema import (
     ATTN_IMPLEMENTATIONS,
+    CONTEXT_STRATEGIES,
     DATA_SOURCES,
     LORA_TARGETS,
     PLACEMENTS,
     SFT_SCHEDULES,
-    CONTEXT_STRATEGIES,
     ActorConfig,
     AlgorithmConfig,
     BreakerConfig,

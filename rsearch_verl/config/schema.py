@@ -79,6 +79,7 @@ class ToyWorldConfig(ConfigNode):
     facts_per_passage: int = 1  # facts of one entity stated per passage
     context_sentences: int = 0  # up to this many more sentences per passage: facts never asked, most naming another
     paraphrase: bool = False  # questions worded unlike the passages (several templates per question type)
+    deep_share: float = 0.0  # share of 4-6 hop chains (data=toy_world_deep: long-horizon agents, docs/long_horizon.md)
 
 
 @dataclass

@@ -170,7 +170,8 @@ def validate_sft(sft: SFTConfig, key: str) -> None:
 def _validate_toy_world(tw: ToyWorldConfig) -> None:
     for name in ("two_hop_share", "three_hop_share"):
         _check(0 <= getattr(tw, name) <= 1, f"data.toy_world.{name}", "must be in [0, 1]")
-    _check(tw.two_hop_share + tw.three_hop_share <= 1, "data.toy_world.three_hop_share", "with two_hop_share: <= 1")
+    shares = tw.two_hop_share + tw.three_hop_share + tw.deep_share
+    _check(tw.deep_share >= 0 and shares <= 1, "data.toy_world.deep_share", "with two_ and three_hop_share: <= 1")
     _check(0 <= tw.distractors <= 1, "data.toy_world.distractors", "must be in [0, 1] (twins per entity)")
     _check(tw.facts_per_passage >= 1, "data.toy_world.facts_per_passage", "must be >= 1")
     _check(tw.context_sentences >= 0, "data.toy_world.context_sentences", "must be >= 0")

@@ -48,7 +48,11 @@ from rsearch_verl.toy.entities import (
 
 # Bump when this generator changes (part of a hard world's cache key; the default world's stays GENERATOR_VERSION's).
 HARD_VERSION = 1
-KNOBS = ("two_hop_share", "three_hop_share", "distractors", "facts_per_passage", "context_sentences", "paraphrase")
+KNOBS = (
+    "two_hop_share", "three_hop_share", "distractors", "facts_per_passage", "context_sentences", "paraphrase",
+    "deep_share",
+)  # fmt: skip
+DEEP_HOPS = (4, 5, 6)  # the deep world's chains (data=toy_world_deep, toy_world.deep_share)
 OTHER_SIDE_TWINS = 1 / 3  # of a side's twins: near-copies of a name on the other side
 RELATIONS = ("birthplace", "mentor", "region")  # attributes whose value is an entity
 
@@ -158,6 +162,35 @@ AVOID = {
 }
 
 
+# Chains of 4-6 hops through the mentor graph (a forest: mentors come from earlier people), for the long-horizon agents
+# of data=toy_world_deep: a searching policy needs one search per hop. Drawn in a pass of their own after QUESTIONS, so
+# the harder world's questions (deep_share 0) are what they were.
+DEEP_QUESTIONS = [
+    ("person", ("mentor", "birthplace", "region", "emblem"),
+     "What animal is shown on the emblem of the region where the mentor of {s} was born?",
+     ["Which creature appears on the crest of the province where the teacher of {s} was born?"]),
+    ("person", ("mentor", "mentor", "birthplace", "region"),
+     "In which region is the birthplace of the mentor of the mentor of {s} located?",
+     ["In what province was the teacher of the teacher of {s} born?"]),
+    ("person", ("mentor", "mentor", "mentor", "profession"),
+     "What is the profession of the mentor of the mentor of the mentor of {s}?",
+     ["What trade did the teacher of the teacher of the teacher of {s} practise?"]),
+    ("person", ("mentor", "mentor", "birthplace", "region", "emblem"),
+     "What animal is shown on the emblem of the region where the mentor of the mentor of {s} was born?",
+     ["Which creature appears on the crest of the province where the teacher of the teacher of {s} was born?"]),
+    ("person", ("mentor", "mentor", "mentor", "birthplace", "region"),
+     "In which region is the birthplace of the mentor of the mentor of the mentor of {s} located?",
+     ["In what province was the teacher of the teacher of the teacher of {s} born?"]),
+    ("person", ("mentor", "mentor", "mentor", "birthplace", "region", "emblem"),
+     "What animal is shown on the emblem of the region where the mentor of the mentor of the mentor of {s} was born?",
+     ["Which creature appears on the crest of the province where the teacher of the teacher of the teacher of {s} "
+      "was born?"]),
+    ("person", ("mentor", "mentor", "mentor", "mentor", "birthplace", "region"),
+     "In which region is the birthplace of the mentor of the mentor of the mentor of the mentor of {s} located?",
+     ["In what province was the teacher of the teacher of the teacher of the teacher of {s} born?"]),
+]  # fmt: skip
+
+
 def uses_hard_generator(cfg) -> bool:
     """Whether `cfg` (a ToyWorldConfig) asks for more than the default generator does (which also honours the share
     of 2-hop questions)."""
@@ -167,6 +200,7 @@ def uses_hard_generator(cfg) -> bool:
         or cfg.facts_per_passage > 1
         or cfg.context_sentences > 0
         or cfg.paraphrase
+        or cfg.deep_share > 0
     )
 
 
@@ -357,12 +391,21 @@ def hard_corpus_rows(rng: random.Random, entities: list[Entity], prefix: str, cf
 # ----------------------------------------------------------------------------------------------- questions
 
 
-def hard_question_pool(rng: random.Random, entities: list[Entity], paraphrase: bool) -> dict[int, list[dict]]:
-    """hops -> every question the side's facts answer (one wording per subject and question type)."""
-    by_name = {e.name: e for e in entities}
+def hard_question_pool(rng: random.Random, entities: list[Entity], paraphrase: bool, deep: bool = False):
+    """hops -> every question the side's facts answer (one wording per subject and question type); with `deep` also
+    the 4-6 hop chains of DEEP_QUESTIONS (drawn after the others)."""
     out: dict[int, list[dict]] = {1: [], 2: [], 3: []}
+    _add_questions(rng, entities, QUESTIONS, paraphrase, out)
+    if deep:
+        out.update({h: [] for h in DEEP_HOPS})
+        _add_questions(rng, entities, DEEP_QUESTIONS, paraphrase, out)
+    return out
+
+
+def _add_questions(rng: random.Random, entities: list[Entity], types: list, paraphrase: bool, out: dict) -> None:
+    by_name = {e.name: e for e in entities}
     for e in entities:
-        for kind, path, plain, paraphrases in QUESTIONS:
+        for kind, path, plain, paraphrases in types:
             if e.kind != kind:
                 continue
             template = rng.choice(paraphrases) if paraphrase else plain
@@ -378,7 +421,6 @@ def hard_question_pool(rng: random.Random, entities: list[Entity], paraphrase: b
             answer = chain[-1] if path[-1] in RELATIONS else chain.pop()
             q = question_record(template.format(s=e.name), answer, len(path), chain, support)
             out[len(path)].append({**q, "path": list(path)})
-    return out
 
 
 def pick_questions(rng: random.Random, pool: dict[int, list[dict]], n: int, side: str, cfg) -> list[dict]:
@@ -389,12 +431,14 @@ def pick_questions(rng: random.Random, pool: dict[int, list[dict]], n: int, side
             "raise toy_world.n_entities or lower n_train / n_val"
         )
     shuffled = {h: rng.sample(qs, len(qs)) for h, qs in pool.items()}
+    deep = [h for h in DEEP_HOPS if h in pool]
     want = {3: round(n * cfg.three_hop_share), 2: round(n * cfg.two_hop_share)}
-    take = {h: min(len(shuffled[h]), want[h]) for h in (3, 2)}
-    take[1] = min(len(shuffled[1]), n - take[2] - take[3])
-    for h in (2, 3):  # fill from the longer chains when the shorter ones run short
+    want.update({h: round(n * cfg.deep_share / len(deep)) for h in deep})
+    take = {h: min(len(shuffled[h]), want[h]) for h in (*deep, 3, 2)}
+    take[1] = min(len(shuffled[1]), n - sum(take.values()))
+    for h in (2, 3, *deep):  # fill from the longer chains when the shorter ones run short
         take[h] += min(len(shuffled[h]) - take[h], n - sum(take.values()))
-    picked = [q for h in (1, 2, 3) for q in shuffled[h][: take[h]]]
+    picked = [q for h in (1, 2, 3, *deep) for q in shuffled[h][: take[h]]]
     rng.shuffle(picked)
     return [{"id": f"tw-{side}-{i:04d}", **q} for i, q in enumerate(picked)]
 
@@ -412,7 +456,7 @@ def generate_hard(cfg, rng: random.Random, pools: dict, n_val: int):
     corpus = hard_corpus_rows(rng, entities, "tw", cfg)
     splits = {}
     for side, n in (("train", cfg.n_train), ("val", cfg.n_val)):
-        pool = hard_question_pool(rng, [e for e in entities if e.side == side], cfg.paraphrase)
+        pool = hard_question_pool(rng, [e for e in entities if e.side == side], cfg.paraphrase, cfg.deep_share > 0)
         splits[side] = pick_questions(rng, pool, n, side, cfg)
     return entities, corpus, splits["train"], splits["val"]
 
