@@ -1,10 +1,16 @@
-"""No import cycles among the modules of rsearch_verl and retrieval_server.
+"""No import cycles among the modules of rsearch_verl and retrieval_server, nor among their rooms.
 
 The graph is read from the source with `ast` (nothing is imported): every `import` / `from ... import` counts, at
 module level and inside functions alike, since a function-level import only hides a cycle until someone calls it.
 An edge goes from a module to every package module it names (`from rsearch_verl.a import b` names rsearch_verl.a and,
 when it exists, the submodule rsearch_verl.a.b). A package's `__init__` is the package's own node, so the edge that
 Python adds from a submodule to its parent package (importing a.b runs a/__init__ first) is not a cycle by itself.
+
+Rooms: each folder directly under a package (rsearch_verl/trainer/, with everything below it) and each module file
+beside them (rsearch_verl/batch.py, retrieval_server/app.py) is one room. Rooms without cycles have a floor order in
+which no import runs back up: the bottom floor (segments.py, batch.py, signals.py, formats.py, ...) imports nothing
+above it, config/ sits on it, and so on up to main.py. Importing the package itself (`from rsearch_verl import x`
+names rsearch_verl/__init__.py) is no edge between rooms.
 """
 
 from __future__ import annotations
@@ -42,10 +48,10 @@ def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
     return [base, *(f"{base}.{alias.name}" for alias in node.names)]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports anywhere in its source."""
+def import_sites() -> dict[str, dict[str, list[int]]]:
+    """module -> {package module it imports anywhere in its source: the lines that import it}."""
     files = module_files()
-    graph: dict[str, set[str]] = {name: set() for name in files}
+    sites: dict[str, dict[str, list[int]]] = {name: {} for name in files}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
@@ -53,12 +59,61 @@ def import_graph() -> dict[str, set[str]]:
                 while target and target not in files:  # `a.b.func` -> module a.b
                     target = target.rpartition(".")[0]
                 if target and target != name:
-                    graph[name].add(target)
-    return graph
+                    sites[name].setdefault(target, []).append(node.lineno)
+    return sites
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere in its source."""
+    return {name: set(targets) for name, targets in import_sites().items()}
+
+
+def room_of(path: Path) -> str:
+    """The room of a source file: its folder directly under the package, or the file itself when it lies beside them."""
+    parts = path.relative_to(ROOT).parts
+    return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts)
+
+
+def room_edges() -> dict[tuple[str, str], list[str]]:
+    """(room, room it imports from) -> the `file:line` sites of those imports, function-level ones included."""
+    files = module_files()
+    packages = {ROOT / package / "__init__.py" for package in PACKAGES}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, targets in import_sites().items():
+        source = room_of(files[name])
+        for target, lines in targets.items():
+            if files[target] in packages or room_of(files[target]) == source:
+                continue
+            where = [f"{files[name].relative_to(ROOT)}:{line}" for line in lines]
+            edges.setdefault((source, room_of(files[target])), []).extend(where)
+    return edges
+
+
+def room_cycles(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    """One report per group of rooms that depend on each other: the rooms, then every edge between them with its
+    import sites. Empty when the rooms have a floor order."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    reports = []
+    for comp in strongly_connected(graph):
+        group = set(comp)
+        lines = [f"rooms that depend on each other: {', '.join(sorted(group))}"]
+        for (a, b), where in sorted(edges.items()):
+            if a in group and b in group:
+                lines.append(f"  {a} -> {b}: {', '.join(sorted(set(where)))}")
+        reports.append("\n".join(lines))
+    return reports
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per strongly connected component with more than one module (Tarjan), as a closed path."""
+    """One cycle per strongly connected component with more than one module, as a closed path."""
+    return [_cycle_in(graph, set(comp)) for comp in strongly_connected(graph)]
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -89,7 +144,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    return [_cycle_in(graph, set(comp)) for comp in components]
+    return components
 
 
 def _cycle_in(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
@@ -132,3 +187,21 @@ def test_graph_sees_function_level_and_relative_imports():
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_rooms_are_read_from_the_source():
+    edges = room_edges()
+    # a function-level import is an edge: main.run imports the plots (eval/) inside the function, and only there
+    assert ("rsearch_verl/main.py", "rsearch_verl/eval") in edges
+    # a module deeper down belongs to its folder's room; importing the package itself is no edge
+    assert ("rsearch_verl/trainer", "rsearch_verl/signals.py") in edges
+    assert not any(b.endswith("__init__.py") for _, b in edges)
+    planted = {("a", "b"): ["a.py:1"], ("b", "c"): ["b.py:2"], ("c", "a"): ["c.py:3"], ("d", "a"): ["d.py:4"]}
+    assert room_cycles(planted) == [
+        "rooms that depend on each other: a, b, c\n  a -> b: a.py:1\n  b -> c: b.py:2\n  c -> a: c.py:3"
+    ]
+
+
+def test_no_cycles_between_rooms():
+    cycles = room_cycles(room_edges())
+    assert not cycles, "\n".join(cycles)
