@@ -126,10 +126,27 @@ def _plain(value: Any) -> Any:
 
 
 def register_schema() -> None:
-    """Register the schema with Hydra's ConfigStore so recipes are type-checked while composing."""
+    """Register the schema with Hydra's ConfigStore so recipes are type-checked while composing, and the recipes'
+    resolver (`prompts_per_step`)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="rsearch_schema", node=RSearchConfig)
+    OmegaConf.register_new_resolver("prompts_per_step", prompts_per_step, replace=True)
+
+
+def prompts_per_step(trajectories: int, n: int, mini_batch: int) -> int:
+    """The fewest prompts a step that give at least `trajectories` trajectories at `n` samples per prompt and fill
+    whole mini-batches of `mini_batch` trajectories: how a size group that is about trajectories (e.g.
+    recipes/sizes/smollm2_135m_cpu.yaml: 20 a step in mini-batches of 10) fits every recipe's rollout.n
+    (`${prompts_per_step:20,${rollout.n},${actor.ppo_mini_batch_size}}`: 20 prompts at n = 1, 4 at n = 5, 5 at
+    n = 16)."""
+    if n < 1 or mini_batch < 1:
+        raise ValueError(f"prompts_per_step: rollout.n ({n}) and the mini-batch ({mini_batch}) must be >= 1")
+    prompts = -(-trajectories // n)
+    while (prompts * n) % mini_batch:
+        prompts += 1
+    return prompts
 
 
 def load_config(overrides: list[str] | None = None, config_dir: str | None = None) -> RSearchConfig:

@@ -1,7 +1,7 @@
 """The GPU trainer groups carry each recipe's paper batch sizes; the CPU default keeps its small sizes.
 
 Every recipe x {3B instruct, 7B base} x {one 8-GPU node, two nodes} composes with rollout=vllm, validates, and gets
-its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml), not the model's or the trainer group's.
+its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml; the trainer group sets none), not the model's.
 
     .venv/bin/python -m pytest -q tests/config/test_recipe_batch_sizes.py
 """
@@ -106,8 +106,8 @@ def test_cpu_keeps_its_small_sizes(recipe, trainer):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_smollm2_on_cpu_gets_20_trajectories_a_step_for_every_recipe(recipe):
-    """model=smollm2_135m with trainer=cpu: its CPU sizes (recipes/sizes/smollm2_135m_cpu.yaml) and, where the
-    recipe's rollout.n needs it, more prompts (recipes/recipe_sizes/); every recipe composes and validates."""
+    """model=smollm2_135m with trainer=cpu: its CPU sizes (recipes/sizes/smollm2_135m_cpu.yaml: 20 trajectories a
+    step, the prompt count following the recipe's rollout.n); every recipe composes and validates."""
     cfg = load_config(["model=smollm2_135m", f"+recipe={recipe}"])
     trajectories = cfg.data.train_batch_size * cfg.rollout.n
     assert trajectories == (80 if recipe == "r1_searcher_rpp" else 20)  # R1-Searcher keeps its paper's 16 samples
@@ -115,3 +115,14 @@ def test_smollm2_on_cpu_gets_20_trajectories_a_step_for_every_recipe(recipe):
     assert cfg.actor.use_remove_padding and cfg.trainer.total_steps == 20 and cfg.warm_start.n_demos == 256
     gpu = load_config(["model=smollm2_135m", f"+recipe={recipe}", *GPU])  # the specializations are CPU only
     assert gpu.data.train_batch_size == PAPER_SIZES[recipe][0] and gpu.warm_start.n_demos == 2048
+
+
+def test_prompts_per_step_fills_whole_mini_batches():
+    """The resolver recipes/sizes/smollm2_135m_cpu.yaml sizes its prompts by: the fewest prompts that give at least
+    the trajectories asked for and fill whole mini-batches."""
+    from rsearch_verl.config.loading import prompts_per_step
+
+    assert [prompts_per_step(20, n, 10) for n in (1, 4, 5, 16)] == [20, 5, 4, 5]
+    assert prompts_per_step(512, 1, 256) == 512 and prompts_per_step(20, 3, 10) == 10
+    with pytest.raises(ValueError):
+        prompts_per_step(20, 0, 10)
