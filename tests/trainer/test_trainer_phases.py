@@ -39,6 +39,7 @@ def _batch() -> DataProto:
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 0, 1]])
     attention = torch.cat([torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6])], dim=1)
     non_tensors = {
+        "uid": obj(["u0", "u1"]),
         "response_text": obj(["".join(t for _, t in s) for s in segments]),
         "segments": obj(segments),
         "ground_truth": obj([["Paris"], ["Paris"]]),
@@ -79,6 +80,7 @@ def test_rollout_metrics_from_the_batch():
         "max_turns": 0.0,
         "length": 0.0,
         "stop": 0.0,
+        "context": 0.0,
     }
 
 
@@ -86,6 +88,7 @@ def test_validation_metrics_per_data_source():
     """EM and searches overall and per data source (a 2-hop question needs two searches: its own mean says if it
     got them)."""
     nt = {
+        "uid": obj(["u0", "u1", "u2", "u3"]),
         "answer": obj(["Paris", "Rome", None, "Oslo"]),
         "ground_truth": obj([["Paris"], ["Milan"], ["Bern"], ["Oslo"]]),
         "reward": obj([1.0, 0.0, 0.0, 1.0]),
