@@ -31,8 +31,11 @@ PAPER_SIZES = {
     "r_search_grpo": (256, 5, 640, 4),
     "r_search_ppo": (256, 1, 128, 4),
     "r_search_dag_grpo": (8, 4, 32, 1),  # 1 per device x 4 accumulation steps on 8 GPUs, M = 4
+    "deep_search_grpo": (128, 8, 512, 4),  # long-horizon agents (docs/long_horizon.md): no paper; ASearcher-like
 }
 GPU = ["rollout=vllm", "trainer=gpu_1x8"]
+# a GPU run's model: the tiny CPU policy's 2048 positions do not hold vLLM's 4096-token responses (validation refuses it)
+GPU_MODEL = ["model=qwen2_5_3b_instruct", *GPU]
 
 
 def test_every_recipe_has_paper_sizes():
@@ -57,9 +60,11 @@ def test_recipe_on_gpus_gets_its_paper_sizes(recipe, model, nodes):
 
 
 def test_command_line_beats_the_recipe_sizes():
-    cfg = load_config(["+recipe=search_r1_grpo", *GPU, "data.train_batch_size=128", "actor.ppo_mini_batch_size=640"])
+    cfg = load_config(
+        ["+recipe=search_r1_grpo", *GPU_MODEL, "data.train_batch_size=128", "actor.ppo_mini_batch_size=640"]
+    )
     assert (cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size) == (128, 640)
-    sdpa = load_config(["+recipe=search_r1_ppo", *GPU, "model.attn_implementation=sdpa"])
+    sdpa = load_config(["+recipe=search_r1_ppo", *GPU_MODEL, "model.attn_implementation=sdpa"])
     assert sdpa.model.attn_implementation == "sdpa" and sdpa.actor.use_remove_padding
 
 
@@ -75,7 +80,7 @@ def test_single_gpu_smoke_group(recipe):
 )
 def test_split_placement_counts_the_training_gpus():
     # split gives each node's rollout_gpus_per_node to the rollout; the papers' power-of-two sizes need 4 of 8 to train
-    split = [*GPU, "trainer.placement=split"]
+    split = [*GPU_MODEL, "trainer.placement=split"]
     cfg = load_config(["+recipe=search_r1_ppo", *split, "trainer.rollout_gpus_per_node=4", "trainer.nnodes=2"])
     assert cfg.world_size == 8 and cfg.data.train_batch_size == 512
     six = ["data.train_batch_size=480", "actor.ppo_mini_batch_size=240", "critic.ppo_mini_batch_size=240"]
@@ -110,7 +115,8 @@ def test_smollm2_on_cpu_gets_20_trajectories_a_step_for_every_recipe(recipe):
     step, the prompt count following the recipe's rollout.n); every recipe composes and validates."""
     cfg = load_config(["model=smollm2_135m", f"+recipe={recipe}"])
     trajectories = cfg.data.train_batch_size * cfg.rollout.n
-    assert trajectories == (80 if recipe == "r1_searcher_rpp" else 20)  # R1-Searcher keeps its paper's 16 samples
+    # R1-Searcher keeps its paper's 16 samples, the deep recipe its 8 (5 prompts: whole mini-batches of 10)
+    assert trajectories == {"r1_searcher_rpp": 80, "deep_search_grpo": 40}.get(recipe, 20)
     assert (cfg.actor.ppo_mini_batch_size, cfg.model.dtype, cfg.model.sft_checkpoint) == (10, "bfloat16", "auto")
     assert cfg.actor.use_remove_padding and cfg.trainer.total_steps == 20 and cfg.warm_start.n_demos == 256
     gpu = load_config(["model=smollm2_135m", f"+recipe={recipe}", *GPU])  # the specializations are CPU only
