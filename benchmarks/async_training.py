@@ -57,8 +57,8 @@ BASE = [
 
 def toy_retriever(cache: str, log_path: str) -> RetrieverService:
     """The toy world's own BM25 server, started as a training run starts it (the world is built if needed)."""
-    from rsearch_verl.data.run_data import load_run_data
     from rsearch_verl.rollout.protocols import protocol_for
+    from rsearch_verl.run_data import load_run_data
 
     cfg = load_config([BASE[0], f"data.toy_world.cache_dir={cache}"])
     data = load_run_data(cfg, protocol_for(cfg))

@@ -14,7 +14,7 @@ from typing import Any
 from rsearch_verl.frozen import ConfigNode
 
 PLACEMENTS = ("colocate", "split")
-DATA_SOURCES = ("toy_world", "parquet")  # data.source; rsearch_verl/data/run_data.py loads each
+DATA_SOURCES = ("toy_world", "parquet")  # data.source; rsearch_verl/run_data.py loads each
 SFT_SCHEDULES = ("linear", "constant")
 
 

@@ -5,7 +5,7 @@ Every name the config accepts is checked against the list that declares it, with
 advantage estimators, KL kinds and schedules, loss aggregation modes (rsearch_verl/algos/, which config sits below);
 rollout engines, prompt variants, search protocols and rewards with their keyword arguments (rsearch_verl/choices.py
 on the bottom floor, which the registries of rsearch_verl/rollout/ and rsearch_verl/rewards/ check they implement,
-so config imports neither); data sources (the schema's `DATA_SOURCES`, which rsearch_verl/data/run_data.py loads).
+so config imports neither); data sources (the schema's `DATA_SOURCES`, which rsearch_verl/run_data.py loads).
 So a misspelt name fails when the config is loaded, not after the warm start and the Ray start-up.
 """
 

@@ -32,6 +32,7 @@ from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.eval.protocol_card import format_card, run_settings
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
+from rsearch_verl.toy.run_data import toy_world_data
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ def _datasets(
     """The datasets to evaluate, and the corpus / index the recipe's own retriever would serve."""
     limit = cfg.data.max_prompt_length
     if args.toy_world:
-        from rsearch_verl.data.run_data import toy_world_data
-
         data = toy_world_data(cfg, proto)
         toy = PromptDataset(data.val_rows, tokenizer, limit, name="toy_world", protocol=proto)
         return {"toy_world": toy}, data.corpus, data.index_dir
@@ -135,8 +134,6 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     if args.toy_world and args.checkpoint != "tiny":
         ctx = RunContext(model_path=args.checkpoint, tokenizer_path=args.checkpoint)
     elif args.toy_world:
-        from rsearch_verl.data.run_data import toy_world_data
-
         toy_tokenizer = toy_world_data(ctx.apply(recipe_cfg), protocol).tokenizer_path
         ctx = RunContext(model_path="tiny", tokenizer_path=toy_tokenizer)
     cfg = ctx.apply(recipe_cfg)

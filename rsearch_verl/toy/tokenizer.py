@@ -18,8 +18,9 @@ import os
 import shutil
 import tempfile
 
+from rsearch_verl.choices import PROMPT_VARIANTS
 from rsearch_verl.models import train_bpe_tokenizer
-from rsearch_verl.rollout.protocols import PROMPT_VARIANTS, get_protocol
+from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search.types import Doc
 from rsearch_verl.toy.demos import demonstrations
 from rsearch_verl.toy.world import GENERATOR_VERSION, World, build_toy_world, publish_dir

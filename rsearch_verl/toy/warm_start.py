@@ -42,6 +42,7 @@ from rsearch_verl.data.dataset import PromptDataset, render_prompt
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
 from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
+from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.world import build_toy_world, world_fields
 from rsearch_verl.workers.fsdp import cast_floating
 
@@ -275,7 +276,6 @@ def main(argv: list[str] | None = None) -> str:
     import shutil
 
     from rsearch_verl.config import load_config
-    from rsearch_verl.data.run_data import toy_world_data
     from rsearch_verl.run_context import RunContext
 
     parser = argparse.ArgumentParser(prog="python -m rsearch_verl.toy.warm_start", description=__doc__.split("\n\n")[0])

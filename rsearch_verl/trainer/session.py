@@ -1,5 +1,5 @@
 """Everything around the training loop for one run: the preflight (rsearch_verl/trainer/preflight.py: seconds, before
-anything expensive), the run directory, data (rsearch_verl/data/run_data.py), the tokenizer, the warm start, the
+anything expensive), the run directory, data (rsearch_verl/run_data.py), the tokenizer, the warm start, the
 retrieval server, Ray, the worker groups, a progress bar and the final summary. What it resolves while starting goes
 into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived. Cleans up what it started,
 even on errors. Secret env vars (rsearch_verl/secrets.py) reach the workers through Ray's runtime env.
@@ -22,11 +22,11 @@ import os
 
 from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset
-from rsearch_verl.data.run_data import load_run_data
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
+from rsearch_verl.run_data import load_run_data
 from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.secrets import worker_secrets

@@ -34,7 +34,7 @@ PAPER_SIZES = {
     "deep_search_grpo": (128, 8, 512, 4),  # long-horizon agents (docs/long_horizon.md): no paper; ASearcher-like
 }
 GPU = ["rollout=vllm", "trainer=gpu_1x8"]
-# a GPU run's model: the tiny CPU policy's 2048 positions do not hold vLLM's 4096-token responses (validation refuses it)
+# a GPU run's model: the tiny CPU policy's 2048 positions cannot hold vLLM's 4096-token responses (refused)
 GPU_MODEL = ["model=qwen2_5_3b_instruct", *GPU]
 
 

@@ -10,11 +10,11 @@ import torch
 
 import rsearch_verl.toy.warm_start as warm_start_module
 from rsearch_verl.config import SFTConfig, load_config
-from rsearch_verl.data.run_data import toy_world_data
 from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import _collate, sft_loss, tokenize_demo, train_sft
+from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
 
 SMALL = [
