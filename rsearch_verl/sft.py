@@ -48,6 +48,14 @@ def tokenize_demo(tokenizer, prompt: str, segments: list, max_length: int) -> tu
     return ids[:max_length], mask[:max_length]
 
 
+def demo_example(tokenizer, demo: dict, max_length: int) -> tuple[list[int], list[float]]:
+    """(ids, weights) of a demonstration: given as token ids and weights (a row of a folded demonstration,
+    rsearch_verl/toy/fold_demos.py) or tokenised from its prompt and segments (`tokenize_demo`)."""
+    if "ids" in demo:
+        return list(demo["ids"])[:max_length], list(demo["weights"])[:max_length]
+    return tokenize_demo(tokenizer, demo["prompt"], demo["segments"], max_length)
+
+
 def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -87,7 +95,7 @@ def train_sft(
     """Train `model` in place on `demos`; returns the mean loss of each epoch. `until(epoch, loss) -> bool`, called
     after each epoch with the model in eval mode, stops the training early when it returns True. `dtype`: the compute
     dtype (`model.dtype`; the parameters stay float32 masters)."""
-    examples = [tokenize_demo(tokenizer, d["prompt"], d["segments"], opts.max_length) for d in demos]
+    examples = [demo_example(tokenizer, d, opts.max_length) for d in demos]
     batches = length_batches(examples, opts.batch_size)
     # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
     # weigh a token of a short demonstration (answered at once) several times more than one of a long one (searched).

@@ -188,6 +188,12 @@ def question_attrs(q: dict) -> list[str]:
     raise ValueError(f"demonstrations: {q['question']!r} matches no toy-world template")
 
 
+def hop_facts(q: dict) -> list[str]:
+    """The fact each hop's search finds, as a sentence ("The mentor of Kiro Baz is Tul Vex."): what a note restates."""
+    attrs, chain = question_attrs(q), list(q["entities"]) + q["golden_answers"][:1]
+    return [fact_sentence(attrs[h], chain[h], chain[h + 1]) for h in range(q["hops"])]
+
+
 def _evidence(passages: dict[str, str], proto, q: dict) -> str:
     """The protocol's evidence before its answer (R-Search: the supporting passages' text, unmodified), or ""."""
     if not proto.demo_evidence:
@@ -205,9 +211,10 @@ class PracticeSide:
     two_hop: list[dict]
     three_hop: list[dict] = field(default_factory=list)
     bm25: bool = False  # practice_search: a real BM25 index (harder worlds) rather than the exact-key lookup
+    deep: list[dict] = field(default_factory=list)  # 4-6 hop chains (the deep world)
 
-    def pick(self, rng: random.Random, two_share: float, three_share: float) -> dict:
-        """A question, 2- or 3-hop with the given chances (one draw; none when there are only 1-hop ones)."""
+    def pick(self, rng: random.Random, two_share: float, three_share: float, deep_share: float = 0.0) -> dict:
+        """A question, 2-, 3- or 4-6 hop with the given chances (one draw; none when there are only 1-hop ones)."""
         if not self.two_hop and not self.three_hop:
             return rng.choice(self.one_hop)
         r = rng.random()
@@ -215,6 +222,8 @@ class PracticeSide:
             return rng.choice(self.two_hop)
         if two_share <= r < two_share + three_share and self.three_hop:
             return rng.choice(self.three_hop)
+        if two_share + three_share <= r < two_share + three_share + deep_share and self.deep:
+            return rng.choice(self.deep)
         return rng.choice(self.one_hop)
 
 
@@ -233,7 +242,8 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
         if uses_hard_generator(cfg):  # twins on top of the train side's own entities, as in the world
             n_own = cfg.n_entities - n_val_entities(cfg)
             entities, passages, by_hops = practice_side(rng, cfg, pools, n_own, set(val_names), f"practice-{k}")
-            sides.append(PracticeSide(entities, passages, by_hops[1], by_hops[2], by_hops[3], bm25=True))
+            deep = [q for h in sorted(by_hops) if h > 3 for q in by_hops[h]]
+            sides.append(PracticeSide(entities, passages, by_hops[1], by_hops[2], by_hops[3], bm25=True, deep=deep))
             continue
         entities = make_side(rng, "train", n_side, pools, set(val_names))
         passages = {row["id"]: row["contents"] for row in corpus_rows(rng, entities, f"practice-{k}")}
@@ -280,7 +290,7 @@ def demonstrations(
     sides = practice_sides(world, max(1, math.ceil(n / 150)), seed)
     searches = [practice_search(side, rng) for side in sides]
     out = []
-    shares = (world.cfg.two_hop_share, world.cfg.three_hop_share)
+    shares = (world.cfg.two_hop_share, world.cfg.three_hop_share, world.cfg.deep_share)
     for _ in range(20 * n):  # a search misses its fact rarely (harder worlds); never forever
         if len(out) == n:
             break
@@ -304,8 +314,9 @@ def demonstrations(
             raise ValueError(f"demonstrations: protocol {protocol_name!r} extracts {got!r}, wanted {answer!r}")
         prompt = proto.build_prompt(q["question"], variant)
         out.append(
-            {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched}
-        )
+            {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched,
+             "facts": hop_facts(q)}
+        )  # fmt: skip
     if len(out) < n:
         raise ValueError(f"demonstrations: only {len(out)} of {n} after {20 * n} draws (searches miss their facts)")
     return out

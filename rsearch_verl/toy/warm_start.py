@@ -42,6 +42,7 @@ from rsearch_verl.data.dataset import PromptDataset, render_prompt
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.sft import load_policy, save_hf, train_sft
 from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
+from rsearch_verl.toy.fold_demos import fold_demos
 from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.world import build_toy_world, world_fields
 from rsearch_verl.workers.fsdp import cast_floating
@@ -153,7 +154,7 @@ def toy_demos(
     if chat:
         for demo in demos:
             demo["prompt"] = render_prompt(demo["prompt"], tokenizer, protocol.tools, protocol.chat_template_kwargs)
-    return demos
+    return fold_demos(demos, cfg, tokenizer, protocol)  # long-horizon recipes: rows as the rollout folds them
 
 
 def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, opts: WarmStartConfig, seed: int) -> dict:

@@ -469,4 +469,4 @@ def practice_side(rng: random.Random, cfg, pools: dict, n: int, used: set[str], 
     add_twins(rng, [names], cfg.distractors, name_variants(pools, cfg.seed), used)
     entities = make_hard_sides(rng, [names], cfg.context_sentences > 0)
     passages = {row["id"]: row["contents"] for row in hard_corpus_rows(rng, entities, prefix, cfg)}
-    return entities, passages, hard_question_pool(rng, entities, cfg.paraphrase)
+    return entities, passages, hard_question_pool(rng, entities, cfg.paraphrase, cfg.deep_share > 0)
