@@ -38,7 +38,7 @@ def test_the_recipe_turns_the_knobs_on_and_the_default_keeps_them_out_of_its_key
     assert uses_hard_generator(hard) and not uses_hard_generator(default)
     assert hard.three_hop_share > 0 and hard.distractors > 0 and hard.context_sentences > 0 and hard.paraphrase
     assert set(world_fields(default)) == {"seed", "n_entities", "n_train", "n_val"}
-    fields = {"seed", "n_entities", "n_train", "n_val", "hard_version", *KNOBS} - {"facts_per_passage"}
+    fields = {"seed", "n_entities", "n_train", "n_val", "hard_version", *KNOBS} - {"facts_per_passage", "deep_share"}
     assert set(world_fields(hard)) == fields
     assert world_hash(hard) != world_hash(default)
     # the share of 2-hop questions alone keeps the default generator, under a new hash
