@@ -128,7 +128,7 @@ class ContextWindow:
         traj.folds += 1
         return True
 
-    def _dropped_context(self, traj) -> list[int] | None:
+    def _dropped_context(self, traj) -> list[int]:
         """The prompt and the newest turns that fit (observations beyond the recent ones as markers)."""
         # the new context fills at most half of what the prompt leaves (so folds are not every turn), and leaves a
         # whole turn of room both in the context budget and in the new row's response budget
@@ -145,9 +145,7 @@ class ContextWindow:
                 break
             kept.append(turn.policy_ids + obs)
             used += len(turn.policy_ids) + len(obs)
-        if not kept:
-            return None
-        head = self.marker_ids if len(kept) < len(traj.turns) else []
+        head = self.marker_ids if len(kept) < len(traj.turns) else []  # all dropped: the prompt and one marker
         return traj.prompt_ids + head + [t for turn in reversed(kept) for t in turn]
 
     async def _summarise(self, traj, engine, sampling) -> list[int] | None:

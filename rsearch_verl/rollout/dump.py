@@ -5,7 +5,9 @@
 Each line: {"uid", "index", "prompt", "response", "response_ids": [int], "response_mask": [0|1], "reward",
 "n_searches", "ground_truth", "data_source"} (`index`: the prompt's dataset id, null when the batch has none).
 `response_ids` / `response_mask` hold only the real response tokens (padding removed); mask 0 exactly on
-observation tokens the environment inserted. The file is written to a temporary name and renamed, so a reader
+observation tokens the environment inserted. A trajectory whose context folded (rollout.context) is one line per row,
+each with its own tokens as `response` and `prompt` (the context it was generated in), plus `traj_id` and
+`segment_index`. The file is written to a temporary name and renamed, so a reader
 never sees half a dump.
 """
 
@@ -49,12 +51,14 @@ def dump_rows(batch: DataProto, tokenizer) -> list[dict]:
         real = resp_attn[i].bool()
         ids = tensors["responses"][i][real].tolist()
         mask = tensors["response_mask"][i][real].tolist()
-        if "raw_prompt" in nt:
+        # a row of a folded trajectory (rollout/context.py) shows its own context and tokens
+        folded = "segment_index" in nt and (int(nt["segment_index"][i]) > 0 or not bool(nt["last_segment"][i]))
+        if "raw_prompt" in nt and not folded:
             prompt = str(nt["raw_prompt"][i])
         else:
             prompt_ids = tensors["prompts"][i][tensors["attention_mask"][i, :-width].bool()].tolist()
             prompt = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        response = str(nt["response_text"][i]) if "response_text" in nt else tokenizer.decode(ids)
+        response = str(nt["response_text"][i]) if "response_text" in nt and not folded else tokenizer.decode(ids)
         rows.append(
             {
                 "uid": str(nt["uid"][i]) if "uid" in nt else str(i),
@@ -69,6 +73,8 @@ def dump_rows(batch: DataProto, tokenizer) -> list[dict]:
                 "data_source": str(nt["data_source"][i]) if "data_source" in nt else None,
             }
         )
+        if folded:
+            rows[-1].update(traj_id=str(nt["traj_id"][i]), segment_index=int(nt["segment_index"][i]))
     return rows
 
 

@@ -15,6 +15,10 @@ from e2e_helpers import ROOT, child_env, hf_weights, main_cmd, read_metrics, run
 
 # GRPO with KL loss: exercises sampling seeds, the dataloader state, optimizer state and the reference model.
 OVERRIDES = ["trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=0", "rollout.n=2"]
+# ... on folded trajectories (rollout/context.py): a policy that searches, 4 turns in a context of 280 tokens, so a
+# trajectory's second search folds it into rows (the loader state and the rows' padding must resume exactly too)
+FOLD = ["rollout.max_turns=4", "rollout.context.strategy=drop_observations", "rollout.context.max_tokens=280",
+        "data.max_prompt_length=160", "rollout.temperature=0.5"]  # fmt: skip
 
 
 def _kill_after_checkpoint(cmd: list[str], ckpt: str, timeout: float = 420) -> None:
@@ -33,19 +37,21 @@ def _kill_after_checkpoint(cmd: list[str], ckpt: str, timeout: float = 420) -> N
 
 
 @pytest.mark.slow
-def test_kill_and_resume_equals_uninterrupted(tmp_path, toy_cache):
+def test_kill_and_resume_equals_uninterrupted(tmp_path, toy_cache, searching_policy):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    run_main("search_r1_grpo", straight, toy_cache, *OVERRIDES)
+    overrides = [*OVERRIDES, *FOLD, f"model.sft_checkpoint={searching_policy}"]
+    run_main("search_r1_grpo", straight, toy_cache, *overrides)
+    assert max(r["rollout/folds_max"] for r in read_metrics(straight)) >= 1  # trajectories did fold
 
     _kill_after_checkpoint(
-        main_cmd("search_r1_grpo", crashed, toy_cache, *OVERRIDES), str(crashed / "checkpoints" / "step_000002")
+        main_cmd("search_r1_grpo", crashed, toy_cache, *overrides), str(crashed / "checkpoints" / "step_000002")
     )
     # a checkpoint killed mid-write: a temporary directory with a partial shard, and no COMPLETE marker
     partial = crashed / "checkpoints" / ".tmp-step_000003-deadbeef"
     (partial / "actor").mkdir(parents=True)
     (partial / "actor" / "model_rank0.pt").write_bytes(b"\x00" * 100)
 
-    done = run_main("search_r1_grpo", crashed, toy_cache, *OVERRIDES, "trainer.resume=auto")
+    done = run_main("search_r1_grpo", crashed, toy_cache, *overrides, "trainer.resume=auto")
     assert "resuming from" in done.stderr and "step_000002" in done.stderr
     assert not partial.exists(), "the partial checkpoint was not swept"
 
