@@ -162,7 +162,7 @@ async def run_trajectory(
         )
         traj.add(obs_ids, 0, None, "observation", obs_text)
         traj.turns[-1].obs_ids = list(obs_ids)
-        if window.strategy == "none" and len(traj.response_ids) >= rc.max_response_length:
+        if window.strategy == "none" and len(traj.row.response_ids) >= rc.max_response_length:
             traj.finish_reason = "length"
             break
     traj.n_search_errors, traj.n_search_outages = counted.errors, counted.outages

@@ -54,23 +54,6 @@ class Trajectory:
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
-    # the current row's response (the whole response of a trajectory that never folded)
-    @property
-    def response_ids(self) -> list[int]:
-        return self.row.response_ids
-
-    @property
-    def response_mask(self) -> list[int]:
-        return self.row.response_mask
-
-    @property
-    def logprobs(self) -> list[float]:
-        return self.row.logprobs
-
-    @property
-    def versions(self) -> list[int]:
-        return self.row.versions
-
     @property
     def response_text(self) -> str:
         return "".join(text for _, text in self.segments)

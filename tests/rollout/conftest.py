@@ -43,6 +43,17 @@ def scripted_with(scripted_engine, fn) -> Iterator:
     slot.fn = None
 
 
+def scripted_hf(tok, model, fn) -> Iterator:
+    """Body of a fixture: an HF engine of its own whose turns follow `fn` (closed after the fixture's scope)."""
+    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
+
+    slot = ScriptSlot()
+    slot.fn = fn
+    eng = ScriptedHFEngine(model, tok, slot)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(scope="session")
 def retrieval_url(tmp_path_factory) -> Iterator[str]:
     """A real BM25 retrieval server built and served by `python -m retrieval_server` (Search-R1 wire format)."""

@@ -127,7 +127,7 @@ def _trajectory(engine, tok, cfg, question: str, search=None):
 def _masked_text(tok, traj, value: int) -> list[str]:
     """Decoded runs of consecutive tokens whose mask equals `value`."""
     runs, cur = [], []
-    for tid, m in zip(traj.response_ids, traj.response_mask, strict=True):
+    for tid, m in zip(traj.row.response_ids, traj.row.response_mask, strict=True):
         if m == value:
             cur.append(tid)
         elif cur:
@@ -143,8 +143,8 @@ def test_masks_exact_and_sampled_tokens_are_trained_tokens(tok, engine, servers)
     traj = _trajectory(recorder, tok, cfg, "who wrote hamlet? searches=2")
     assert (traj.n_searches, traj.n_turns, traj.finish_reason) == (2, 3, "answer")
     sampled = [t for out in recorder.outputs for t in out.token_ids]
-    assert [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1] == sampled
-    assert [lp for lp, m in zip(traj.logprobs, traj.response_mask, strict=True) if m == 1] == [
+    assert [t for t, m in zip(traj.row.response_ids, traj.row.response_mask, strict=True) if m == 1] == sampled
+    assert [lp for lp, m in zip(traj.row.logprobs, traj.row.response_mask, strict=True) if m == 1] == [
         lp for out in recorder.outputs for lp in out.logprobs
     ]
     observations = [text for role, text in traj.segments if role == "observation"]
@@ -167,11 +167,11 @@ def test_max_turns_and_budgets(tok, engine, servers):
     traj = _trajectory(engine, tok, _cfg(servers["ok"], max_turns=3), "searches=9")
     assert (traj.n_turns, traj.n_searches, traj.finish_reason) == (3, 2, "max_turns")
     short = _trajectory(engine, tok, _cfg(servers["ok"], max_response_length=70), "searches=9")
-    assert len(short.response_ids) <= 70 and short.finish_reason == "length"
+    assert len(short.row.response_ids) <= 70 and short.finish_reason == "length"
     cut = _trajectory(engine, tok, _cfg(servers["ok"], max_obs_length=24), "searches=1")
     obs = [text for role, text in cut.segments if role == "observation"]
     assert len(obs) == 1 and TRUNCATION_MARKER in obs[0] and obs[0].rstrip().endswith("</information>")
-    assert cut.response_mask.count(0) == 24 and cut.finish_reason == "answer"
+    assert cut.row.response_mask.count(0) == 24 and cut.finish_reason == "answer"
 
 
 @pytest.mark.parametrize(("server", "kind"), [("down", "connection"), ("slow", "timeout"), ("500", "http_500")])

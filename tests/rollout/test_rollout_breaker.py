@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from conftest import scripted_hf
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -80,15 +81,7 @@ def script(ctx: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine(tok, model):
-    from conftest import ScriptSlot
-
-    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
-
-    slot = ScriptSlot()
-    slot.fn = script
-    eng = ScriptedHFEngine(model, tok, slot)
-    yield eng
-    eng.close()
+    yield from scripted_hf(tok, model, script)
 
 
 def _cfg(url: str, **breaker) -> RSearchConfig:

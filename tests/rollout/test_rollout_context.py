@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 import torch
-from conftest import ScriptSlot
+from conftest import scripted_hf
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rollout.agent_loop import run_trajectory
@@ -34,13 +34,7 @@ def always_search(ctx: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine(tok, model):
-    from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
-
-    slot = ScriptSlot()
-    slot.fn = always_search
-    eng = ScriptedHFEngine(model, tok, slot)
-    yield eng
-    eng.close()
+    yield from scripted_hf(tok, model, always_search)
 
 
 def _cfg(url: str, strategy: str, turns: int = 128) -> RSearchConfig:

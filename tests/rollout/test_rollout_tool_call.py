@@ -197,7 +197,7 @@ def tool_engine(scripted_engine):
 
 def _runs(tok, traj, value: int) -> list[str]:
     runs, cur = [], []
-    for tid, m in zip([*traj.response_ids, -1], [*traj.response_mask, -1], strict=True):
+    for tid, m in zip([*traj.row.response_ids, -1], [*traj.row.response_mask, -1], strict=True):
         if m == value:
             cur.append(tid)
         elif cur:
