@@ -29,6 +29,10 @@ checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped
     .venv/bin/python benchmarks/learning.py --jobs 2                  # two runs at a time (1 torch thread each)
     .venv/bin/python benchmarks/learning.py --world hard --seeds 4 --worlds 2 --jobs 2   # the harder world's grid
 
+`--world deep` runs `+recipe=deep_search_grpo` (data=toy_world_deep: 4-6 hop chains, 32 turns) with its context
+strategies (docs/long_horizon.md): `--world deep --only deep_drop --seeds 3 --worlds 2`, then
+`--world deep --only deep_summary,deep_none --seeds 2 --worlds 1`.
+
 `--world hard` runs `data=toy_world_hard` (3-hop questions, near-twin names, passages of three sentences, questions
 worded unlike the passages) with the variants PPO, PPO without masking, GRPO, PPO at staleness 1, REINFORCE++ and
 Dr.GRPO. Every paired effect (masking, GRPO vs PPO, staleness 1 vs 0, REINFORCE++ vs PPO, Dr.GRPO vs GRPO) is
@@ -74,12 +78,20 @@ VARIANTS = {
     "smollm2_toolcall": ["model=smollm2_135m", "+recipe=search_r1_toolcall_grpo"],
     "smollm2_ppo": ["model=smollm2_135m", "+recipe=search_r1_ppo"],
     "smollm2_grpo_lora": ["model=smollm2_135m", "+recipe=search_r1_grpo", "model.lora_rank=16"],
+    # long-horizon agents on the deep world (docs/long_horizon.md): the recipe's strategy, the other one, and none
+    "deep_drop": ["+recipe=deep_search_grpo"],
+    "deep_summary": ["+recipe=deep_search_grpo", "rollout.context.strategy=summary"],
+    "deep_none": ["+recipe=deep_search_grpo", "rollout.context.strategy=none"],
 }
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 # --world: the toy world's data group (recipes/data/; the harder one sets its own warm start's gate too), see
 # docs/toy_world_learning.md "A harder world"
-WORLDS = {"easy": [], "hard": ["data=toy_world_hard"]}
-DEFAULT_VARIANTS = {"easy": "ppo,ppo_nomask,grpo", "hard": "ppo,ppo_nomask,grpo,ppo_async1,rpp,drgrpo"}
+WORLDS = {"easy": [], "hard": ["data=toy_world_hard"], "deep": []}  # deep: the recipe brings data=toy_world_deep
+DEFAULT_VARIANTS = {
+    "easy": "ppo,ppo_nomask,grpo",
+    "hard": "ppo,ppo_nomask,grpo,ppo_async1,rpp,drgrpo",
+    "deep": "deep_drop,deep_summary,deep_none",
+}
 BOOTSTRAP = 10_000  # resamples of a paired effect's mean
 TARGET = 0.25  # held-out EM gain every run of the tiny policy must reach
 # SmolLM2's targets: EM gain >= +0.15, 2-hop EM after >= 0.25, searches per 2-hop question after >= 1.5
