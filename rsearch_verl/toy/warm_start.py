@@ -24,7 +24,9 @@ The probes' numbers are logged and written next to the checkpoint (`warm_start.j
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -32,6 +34,7 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -218,10 +221,18 @@ def warm_start(cfg: RSearchConfig) -> str:
         opts.mix_epochs,
         opts.probe_questions,
     )
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=_die_with_parent) as pool:
         report = pool.submit(build, cfg, out).result()  # WarmStartError and others re-raised here
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
+
+
+def _die_with_parent() -> None:
+    """The child is ended with its driver (Linux PR_SET_PDEATHSIG): a killed driver leaves no warm start training on
+    behind it (seen: an orphaned child kept both cores busy after its driver was stopped). Elsewhere: nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def build(cfg: RSearchConfig, out: str) -> dict:
