@@ -75,7 +75,10 @@ OLD_VLLM_SHARE = 0.6  # recipes/rollout/vllm.yaml before the GPU-path issue
 def _load(recipe: str, model: str, gpus: int, extra: list[str]):
     from rsearch_verl.config import load_config
 
-    model_group = [f"model={model}"] if model in ("qwen2_5_3b_instruct", "qwen2_5_7b_base") else []
+    # a shape without a model group runs the tiny policy's config with a Qwen2.5 model's 32k positions
+    model_group = (
+        [f"model={model}"] if model in ("qwen2_5_3b_instruct", "qwen2_5_7b_base") else ["model.max_context=32768"]
+    )
     trainer = ["trainer=gpu_1x8"] if gpus >= 8 else ["trainer=gpu_1x1"]
     nodes = [f"trainer.nnodes={gpus // 8}"] if gpus > 8 else []
     return load_config([f"+recipe={recipe}", *model_group, "rollout=vllm", *trainer, *nodes, *extra])

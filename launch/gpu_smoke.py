@@ -231,6 +231,28 @@ def check_model_3b(allow_missing: set[str], workdir: str) -> dict:
     return row
 
 
+def check_deep_e2e(allow_missing: set[str], workdir: str) -> dict:
+    """The long-horizon recipe (docs/long_horizon.md) in bfloat16 on the GPU: 2 GRPO steps of up to 8 turns in a context
+    of 448 tokens (drop_observations), rows padded for the update (phases.fit_rows)."""
+    overrides = [
+        *E2E,
+        "rollout.engine=hf",
+        "rollout.n=2",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=256",
+        "rollout.max_turns=8",
+        "rollout.context.max_tokens=448",
+        f"data.toy_world.cache_dir={workdir}/toy",
+    ]
+    rows, share, wall = _run_main("deep_search_grpo", f"{workdir}/deep", overrides, timeout_s=240)
+    row = {**_finite(rows, ("actor/pg_loss", "actor/grad_norm")), "mem_peak_share": round(share, 3)}
+    steps = [r for r in rows if "timing/step_s" in r]
+    row.update({k: steps[-1].get(k) for k in ("timing/step_s", "rollout/folds_max", "rollout/rows_per_trajectory")})
+    row["wall_s"] = round(wall, 1)
+    assert share < MAX_MEMORY_SHARE, f"peak GPU memory {share:.0%} >= {MAX_MEMORY_SHARE:.0%}"
+    return row
+
+
 def check_actor_bf16(allow_missing: set[str], workdir: str) -> dict:
     """The CPU test's real ActorWorker update (tests/workers/test_workers_mixed_precision.py) on this GPU over NCCL:
     lr 1e-6, model.dtype=bfloat16; the share of float32 masters that changed, and the same with bf16 masters."""
@@ -283,6 +305,7 @@ CHECKS = {
     "env": lambda allow, work: check_env(allow),
     "actor_bf16": check_actor_bf16,
     "ppo_e2e": check_ppo_e2e,
+    "deep_e2e": check_deep_e2e,
     "logprob_mem": check_logprob_mem,
     "faiss_gpu": check_faiss_gpu,
     "model_3b": check_model_3b,
