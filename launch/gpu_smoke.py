@@ -242,6 +242,7 @@ def check_deep_e2e(allow_missing: set[str], workdir: str) -> dict:
         "data.max_prompt_length=256",
         "rollout.max_turns=8",
         "rollout.context.max_tokens=448",
+        "data.toy_world.n_entities=480",  # the deep world's own size: its twins and chains need the entities
         f"data.toy_world.cache_dir={workdir}/toy",
     ]
     rows, share, wall = _run_main("deep_search_grpo", f"{workdir}/deep", overrides, timeout_s=240)
