@@ -303,7 +303,13 @@ def _differ(rng: random.Random, twin: Entity, original: Entity, entities: list[E
             else:
                 del twin.attrs[attr]
         else:
-            twin.attrs[attr] = rng.choice([v for v in _choices(attr, twin, entities) if v != value])
+            others = [v for v in _choices(attr, twin, entities) if v != value]
+            if not others:  # e.g. a side with one region: the twin's city cannot lie elsewhere
+                raise ValueError(
+                    f"toy_world: too few entities for near-twin distractors (no other {attr} for {twin.name}); "
+                    "raise toy_world.n_entities or lower toy_world.distractors"
+                )
+            twin.attrs[attr] = rng.choice(others)
 
 
 def _choices(attr: str, e: Entity, entities: list[Entity]) -> list[str]:

@@ -72,3 +72,12 @@ def test_warm_start_demonstrations_are_folded_rows(deep, strategy):
         assert all(NOTE_OPEN in tok.decode(d["ids"]) for d in folded)
         earlier = [d for d in rows if d["ids"][-1] != tok.eos_token_id]
         assert all(tok.decode(d["ids"]).rstrip().endswith(NOTE_CLOSE) for d in earlier)  # a row ends with its note
+
+
+def test_a_world_too_small_for_its_twins_says_so(tmp_path):
+    cfg = load_config(
+        ["+recipe=deep_search_grpo", "data.toy_world.n_entities=48", "data.toy_world.n_train=64",
+         "data.toy_world.n_val=8", f"data.toy_world.cache_dir={tmp_path}"]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="toy_world.n_entities"):
+        build_toy_world(cfg.data.toy_world)
