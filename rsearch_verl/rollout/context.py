@@ -122,7 +122,7 @@ class ContextWindow:
         else:
             new_context = self._dropped_context(traj)
         reserve = self._note_reserve() if self.strategy == "summary" else 0
-        if new_context is None or len(new_context) + self.turn_need + reserve > self.budget:
+        if len(new_context) + self.turn_need + reserve > self.budget:
             return False  # no room for a whole turn even after the fold: the trajectory ends in its current row
         traj.open_row(new_context)
         traj.folds += 1
@@ -141,6 +141,7 @@ class ContextWindow:
             if used + len(turn.policy_ids) + len(obs) > target:
                 if age == 0 and obs and used + len(turn.policy_ids) + len(self.marker_ids) <= target:
                     kept.append(turn.policy_ids + self.marker_ids)  # even the newest observation does not fit
+                    used += len(turn.policy_ids) + len(self.marker_ids)
                     continue
                 break
             kept.append(turn.policy_ids + obs)
@@ -148,12 +149,13 @@ class ContextWindow:
         head = self.marker_ids if len(kept) < len(traj.turns) else []  # all dropped: the prompt and one marker
         return traj.prompt_ids + head + [t for turn in reversed(kept) for t in turn]
 
-    async def _summarise(self, traj, engine, sampling) -> list[int] | None:
+    async def _summarise(self, traj, engine, sampling) -> list[int]:
         """The policy writes a note in the current context; the new context is the prompt, the note's opening tag
         (as the environment wrote it) and the note."""
         row = traj.row
         traj.add(self.note_open_ids, 0, None, OBSERVATION, NOTE_OPEN)
-        params = dataclasses.replace(sampling, max_tokens=self.ctx.summary_max_tokens)
+        seed = None if sampling.seed is None else (sampling.seed * 31 + 7) % (2**63)  # not the next turn's stream
+        params = dataclasses.replace(sampling, max_tokens=self.ctx.summary_max_tokens, seed=seed)
         out = await engine.generate(row.context_ids, params, [NOTE_CLOSE])
         traj.count_generation(row.context_len, len(out.token_ids))
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
