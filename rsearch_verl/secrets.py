@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+import yaml
+
 logger = logging.getLogger(__name__)
 
 # the retrieval server's bearer token, the Serper web-search key, the metrics logger's key
@@ -50,7 +52,6 @@ def worker_secrets(cfg=None, environ: Mapping[str, str] | None = None) -> dict[s
 def write_runtime_env(src: str, dst: str, extra: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> list:
     """Write the runtime env `src` plus the set secrets (SECRET_ENV, the judge's default, `extra`) to `dst`, readable
     by its owner only; return the names forwarded. A secret `src` already sets is left as it is."""
-    import yaml
 
     environ = os.environ if environ is None else environ
     with open(src) as f:

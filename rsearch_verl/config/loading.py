@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import typing
 from typing import Any
 
 from rsearch_verl.config.schema import RSearchConfig
@@ -62,7 +64,6 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
 
 def unknown_key_message(prefix: str, key: str, known) -> str:
     """One line naming an unknown key, its close matches and the keys valid at that level."""
-    import difflib
 
     full = f"{prefix}.{key}" if prefix else key
     close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
@@ -107,8 +108,6 @@ REDACTED = "<redacted>"
 
 
 def _resolved_hints(cls: type) -> dict[str, Any]:
-    import typing
-
     return typing.get_type_hints(cls)
 
 

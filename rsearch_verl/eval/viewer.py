@@ -28,6 +28,8 @@ import os
 import re
 from types import SimpleNamespace
 
+import yaml
+
 from rsearch_verl.config import RSearchConfig, from_omegaconf
 from rsearch_verl.rollout.protocols import SearchProtocol, get_protocol, protocol_for
 from rsearch_verl.segments import OBSERVATION as OBS_ROLE
@@ -66,7 +68,6 @@ def load_rollouts(run_dir: str, step: int) -> list[dict]:
 def load_run_config(run_dir: str) -> dict:
     """`RUN_DIR/config.yaml` as a plain dict ({} when absent). The run directory is a record written by an older or
     newer version of the code: callers read it leniently."""
-    import yaml
 
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):

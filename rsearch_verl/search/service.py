@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from urllib.parse import urlparse
 
 import httpx
 
@@ -60,7 +61,6 @@ def serving_host(ray_address: str | None) -> str:
         import ray
 
         return ray.util.get_node_ip_address()
-    from urllib.parse import urlparse
 
     head = urlparse(ray_address if "://" in ray_address else f"//{ray_address}").hostname
     if not head or head in LOOPBACK:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 import ray
+from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch, register
 
 
 class Probe:
@@ -66,7 +67,6 @@ _METHODS = ("init_model", "where", "full_state_dict", "load_weights", "policy_ve
 
 def probe_worker_classes():
     """`WorkerClasses` with the probe in every role, its methods marked for verl's worker groups (driver side)."""
-    from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch, register
 
     from rsearch_verl.workers.placement import WorkerClasses
 

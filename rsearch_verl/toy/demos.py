@@ -17,6 +17,8 @@ Usage:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import math
 import random
 from dataclasses import dataclass, field
@@ -39,8 +41,6 @@ from rsearch_verl.toy.world_hard import practice_side, uses_hard_generator
 
 def _run_sync(make_coro):
     """Run a coroutine from sync code, also when the caller already runs an event loop (then in a thread)."""
-    import asyncio
-    import concurrent.futures
 
     try:
         asyncio.get_running_loop()

@@ -11,6 +11,7 @@ Usage:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -84,7 +85,6 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
 def main(argv: list[str] | None = None) -> None:
     """`python -m rsearch_verl.toy.tokenizer --protocols search_r1,tool_call [--seed 0] [--cache-dir DIR]`:
     build (or find) the default-sized world's tokenizer and print its directory."""
-    import argparse
 
     from rsearch_verl.config import ToyWorldConfig
     from rsearch_verl.log_setup import setup_logging

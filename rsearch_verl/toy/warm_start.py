@@ -24,6 +24,7 @@ The probes' numbers are logged and written next to the checkpoint (`warm_start.j
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import ctypes
@@ -34,6 +35,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 from concurrent.futures import ProcessPoolExecutor
 
@@ -284,8 +286,6 @@ def read_report(checkpoint: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> str:
     """`python -m rsearch_verl.toy.warm_start --out DIR [hydra overrides]`: build the warm start and copy it to DIR."""
-    import argparse
-    import shutil
 
     from rsearch_verl.config import load_config
     from rsearch_verl.run_context import RunContext

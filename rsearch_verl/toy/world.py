@@ -38,6 +38,7 @@ launch/retriever.sh's CORPUS, see docs/quick_tour.md):
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -274,8 +275,6 @@ def _recipe_knobs(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     defaults = ToyWorldConfig()
     parser = argparse.ArgumentParser(description="Build (or find) the cached toy world and print where it is.")
     parser.add_argument("--seed", type=int, default=defaults.seed)

@@ -29,8 +29,10 @@ import logging
 import os
 import time
 import uuid
+from urllib.parse import urlparse
 
 import httpx
+import ray
 
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.trainer.health import RunStopped
@@ -174,9 +176,6 @@ def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
     """On a cluster of several hosts: fail fast (HostError) unless every other host sees trainer.run_dir, the config's
     local paths and the retrieval server -- a probe task on each host, before any worker starts. A loopback
     retriever.url is an error there (on another host it is that host's own loopback). One host: nothing to check."""
-    from urllib.parse import urlparse
-
-    import ray
 
     here = ray.util.get_node_ip_address()
     others = [n for n in ray.nodes() if n.get("Alive") and n["NodeManagerAddress"] != here]

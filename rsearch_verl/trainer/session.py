@@ -20,6 +20,10 @@ import json
 import logging
 import os
 
+import ray
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
 from rsearch_verl.config import RSearchConfig, public_dict
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.log_setup import quiet_expected_warnings
@@ -51,7 +55,6 @@ def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def init_ray(cfg: RSearchConfig) -> bool:
     """Connect to the cluster in trainer.ray_address / RAY_ADDRESS, or start a local one. True if we started it."""
-    import ray
 
     if ray.is_initialized():
         return False
@@ -127,8 +130,6 @@ class TrainingSession:
         return tokenizer, train, val
 
     def train(self) -> dict:
-        import ray
-
         from rsearch_verl.trainer.loop import Trainer
         from rsearch_verl.trainer.preflight import check_hosts
         from rsearch_verl.workers.placement import build_worker_groups
@@ -172,14 +173,10 @@ class TrainingSession:
 
 
 def _write_config(cfg: RSearchConfig, run_dir: str) -> None:
-    from omegaconf import OmegaConf
-
     OmegaConf.save(OmegaConf.create(public_dict(cfg)), os.path.join(run_dir, "config.yaml"))
 
 
 def _progress_bar(total: int, stack: contextlib.ExitStack):
-    from tqdm import tqdm
-
     bar = stack.enter_context(tqdm(total=total, desc="train", unit="step", dynamic_ncols=True))
 
     def update(step: int, metrics: dict) -> None:

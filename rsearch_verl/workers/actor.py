@@ -28,7 +28,9 @@ import copy
 import logging
 import os
 
+import ray
 import torch
+from torch.distributed.tensor import DTensor
 from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
@@ -227,7 +229,6 @@ class ActorWorker(Worker):
         FSDP engine does (`get_per_tensor_param`): every rank must consume all of them, in the same order."""
         if self.use_lora:
             return iter(self._base_state_dict()[0].items())
-        from torch.distributed.tensor import DTensor
         from verl.utils.model import convert_weight_keys
 
         # references to the local shards: nothing gathered yet. A tied weight is gathered under each of its names:
@@ -246,7 +247,6 @@ class ActorWorker(Worker):
             return None
         if not as_ref:
             return state
-        import ray
 
         from rsearch_verl.workers.weights_ref import WeightsRef
 

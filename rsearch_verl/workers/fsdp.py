@@ -22,7 +22,9 @@ import datetime
 import logging
 import math
 import os
+import socket
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -70,9 +72,6 @@ def pin_gloo_interface(master_addr: str) -> None:
     out. Unless GLOO_SOCKET_IFNAME says otherwise, use the interface that routes to the rendezvous address."""
     if os.environ.get("GLOO_SOCKET_IFNAME") or master_addr in ("127.0.0.1", "localhost", "::1"):
         return
-    import socket
-
-    import psutil
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # UDP connect: picks the route, sends nothing
         sock.connect((master_addr, 9))

@@ -9,6 +9,7 @@ generation workers): pads the prompts to the group size, and unpads, trims and r
 from __future__ import annotations
 
 import numpy as np
+import ray
 from verl import DataProto
 from verl.protocol import pad_dataproto_to_divisor
 from verl.single_controller.ray import RayWorkerGroup
@@ -47,8 +48,6 @@ class PendingGeneration:
         self._out = out  # a DataProto, or verl's DataProtoFuture of the workers' chunks
 
     def done(self) -> bool:
-        import ray
-
         if isinstance(self._out, DataProto):
             return True
         ready, _ = ray.wait(list(self._out.futures), num_returns=len(self._out.futures), timeout=0)

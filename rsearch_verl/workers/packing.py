@@ -30,6 +30,7 @@ import math
 import torch
 import torch.distributed as dist
 from verl import DataProto
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
 
 @dataclasses.dataclass
@@ -75,7 +76,6 @@ def _dp_max(value: int, device: torch.device) -> int:
 
 def token_budget_partitions(seqlens: list[int], budget: int, device: torch.device) -> list[list[int]]:
     """Row indices per micro-batch: each micro-batch's tokens <= `budget`, the same count on every DP rank."""
-    from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
     # a rank fails only after every rank knows (a lone raise would leave the others waiting in a collective)
     longest = _dp_max(max(seqlens), device)

@@ -33,6 +33,7 @@ import dataclasses
 import logging
 
 import numpy as np
+import ray
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 from rsearch_verl.config import RSearchConfig, to_dict
@@ -73,7 +74,6 @@ def start_group(
 ) -> RayWorkerGroup:
     """One worker group of `cls` on `pool`, named `name`, its models initialised (blocks until ready); `kwargs` go
     to the worker's constructor."""
-    import ray
 
     ray_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg_dict=to_dict(cfg), **kwargs)
     if threads > 1:  # a threaded actor: weights and idle queries are served while a batch generates

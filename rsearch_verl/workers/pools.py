@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
 from verl.single_controller.ray import RayResourcePool
 
 from rsearch_verl.config import RSearchConfig
@@ -86,8 +88,6 @@ def pool_specs(cfg: RSearchConfig) -> dict[str, PoolSpec]:
 
 
 def alive_nodes() -> list[dict[str, float]]:
-    import ray
-
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
@@ -135,8 +135,6 @@ def create_pool(
     verl's pool (which returns them instead of creating and waiting without a timeout). PlacementError on timeout.
     `nodes[i]`: the node resource (node_key) group i is pinned to, as assign_nodes chose -- STRICT_PACK alone would
     let two groups of a pool pack onto one node that has room for both."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     name = name or spec.name
     pool = RayResourcePool(
@@ -191,7 +189,6 @@ def build_pools(cfg: RSearchConfig) -> dict[str, RayResourcePool]:
 
 def release_pools(pools) -> None:
     """Remove the pools' placement groups (the workers in them should be gone first)."""
-    from ray.util.placement_group import remove_placement_group
 
     for pool in pools:
         for pg in pool.pgs or []:
