@@ -32,6 +32,8 @@ from collections.abc import Iterable
 
 import torch
 
+from rsearch_verl.rollout.protocols import protocol_class
+
 logger = logging.getLogger(__name__)
 
 # Special tokens every tokenizer built here carries (Qwen2 chat markers, so chat templates read the same).
@@ -199,7 +201,6 @@ def policy_tokenizer(cfg):
     """The policy's tokenizer (`cfg.model`) with the recipe's protocol's special tokens: what the driver, every
     worker, SFT and eval load (`cfg`: an RSearchConfig). Special tokens are a protocol class's (they never depend on
     its constructor's arguments), so no protocol is built here."""
-    from rsearch_verl.rollout.protocols import protocol_class
 
     return load_tokenizer(cfg.model, extra_special=protocol_class(cfg.rollout.protocol).special_tokens)
 

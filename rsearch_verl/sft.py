@@ -28,6 +28,7 @@ import time
 import torch
 
 from rsearch_verl.config import RSearchConfig, SFTConfig, load_config, validate_sft
+from rsearch_verl.models import load_model, policy_tokenizer
 
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0  # a log line at least this often while an epoch runs
@@ -153,7 +154,6 @@ def save_hf(model, tokenizer, out_dir: str, extra_files: dict[str, str] | None =
 def load_policy(cfg: RSearchConfig, seed: int | None = None):
     """The policy to fine-tune (model.path, ignoring model.sft_checkpoint) as float32 masters, and its tokenizer with
     the protocol's special tokens; a tiny policy is initialised from `seed` (default: cfg.seed)."""
-    from rsearch_verl.models import load_model, policy_tokenizer
 
     tokenizer = policy_tokenizer(cfg)
     model_cfg = dataclasses.replace(cfg.model, sft_checkpoint=None)

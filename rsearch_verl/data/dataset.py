@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from verl import DataProto
 
+from rsearch_verl.rollout.protocols.tool_call import declare_tools
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,8 +57,6 @@ def render_prompt(prompt, tokenizer, tools: list[dict] | None = None, template_k
 
     text = render(messages, tools or None)
     if tools and text == render(messages, None):  # the template ignores `tools` (SmolLM2's): declare them in text
-        from rsearch_verl.rollout.protocols.tool_call import declare_tools
-
         text = render(declare_tools(messages, tools), None)
     return text
 

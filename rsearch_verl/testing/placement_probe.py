@@ -21,6 +21,9 @@ import os
 import ray
 from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch, register
 
+from rsearch_verl.workers.placement import WorkerClasses
+from rsearch_verl.workers.weights_ref import WeightsRef
+
 
 class Probe:
     """Stands in for the actor, critic and rollout workers (same constructor arguments and the methods the driver
@@ -49,7 +52,6 @@ class Probe:
         """As the actor does: rank 0 puts one copy and returns its handle, the other ranks nothing."""
         if self.rank != 0:
             return None
-        from rsearch_verl.workers.weights_ref import WeightsRef
 
         return WeightsRef(ray.put({"w": list(range(256))}), nbytes=256 * 8, n_tensors=1)
 
@@ -67,8 +69,6 @@ _METHODS = ("init_model", "where", "full_state_dict", "load_weights", "policy_ve
 
 def probe_worker_classes():
     """`WorkerClasses` with the probe in every role, its methods marked for verl's worker groups (driver side)."""
-
-    from rsearch_verl.workers.placement import WorkerClasses
 
     for name in _METHODS:
         fn = getattr(Probe, name)

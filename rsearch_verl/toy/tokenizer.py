@@ -20,6 +20,8 @@ import shutil
 import tempfile
 
 from rsearch_verl.choices import PROMPT_VARIANTS
+from rsearch_verl.config import ToyWorldConfig
+from rsearch_verl.log_setup import setup_logging
 from rsearch_verl.models import train_bpe_tokenizer
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search.types import Doc
@@ -85,9 +87,6 @@ def toy_tokenizer(world: World, protocols: list[str], vocab_size: int = TOKENIZE
 def main(argv: list[str] | None = None) -> None:
     """`python -m rsearch_verl.toy.tokenizer --protocols search_r1,tool_call [--seed 0] [--cache-dir DIR]`:
     build (or find) the default-sized world's tokenizer and print its directory."""
-
-    from rsearch_verl.config import ToyWorldConfig
-    from rsearch_verl.log_setup import setup_logging
 
     defaults = ToyWorldConfig()
     parser = argparse.ArgumentParser(description="Build (or find) the toy world's tokenizer and print where it is.")

@@ -42,9 +42,14 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig
+from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset, render_prompt
+from rsearch_verl.log_setup import setup_logging
+from rsearch_verl.rewards.qa import exact_match
+from rsearch_verl.rollout.agent_loop import generate_batch
+from rsearch_verl.rollout.engines.hf import HFEngine
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
+from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import load_policy, save_hf, train_sft
 from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
 from rsearch_verl.toy.fold_demos import fold_demos
@@ -78,8 +83,6 @@ class SkillProbe:
     run's (`protocol_for(cfg)` once per process)."""
 
     def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, protocol: SearchProtocol, engine=None):
-        from rsearch_verl.rollout.engines.hf import HFEngine
-
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
         rng = random.Random(PROBE_SEED)
         tw = cfg.data.toy_world  # the world's mix of hops (the default world: half 2-hop)
@@ -112,9 +115,6 @@ class SkillProbe:
         self.engine, self.version = engine, 0
 
     def __call__(self, temperature: float) -> Skills:
-        from rsearch_verl.rewards.qa import exact_match
-        from rsearch_verl.rollout.agent_loop import generate_batch
-
         if self.copied:
             self.version += 1
             self.engine.load_weights(cast_floating(dict(self.model.state_dict()), self.dtype), version=self.version)
@@ -239,7 +239,6 @@ def _die_with_parent() -> None:
 
 def build(cfg: RSearchConfig, out: str) -> dict:
     """Train the warm start for `cfg` and save it to `out` (with its report); the child process's work."""
-    from rsearch_verl.log_setup import setup_logging
 
     setup_logging()  # a spawned process starts without the parent's logging
     seed = cfg.model.warm_start_seed
@@ -286,9 +285,6 @@ def read_report(checkpoint: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> str:
     """`python -m rsearch_verl.toy.warm_start --out DIR [hydra overrides]`: build the warm start and copy it to DIR."""
-
-    from rsearch_verl.config import load_config
-    from rsearch_verl.run_context import RunContext
 
     parser = argparse.ArgumentParser(prog="python -m rsearch_verl.toy.warm_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to copy the warm start (an HF model directory)")

@@ -49,7 +49,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from rsearch_verl.config import ToyWorldConfig
+from rsearch_verl.config import ToyWorldConfig, load_config
 from rsearch_verl.toy.entities import Entity, fact_sentence, make_side, name_pools, question_record
 from rsearch_verl.toy.world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
 
@@ -265,7 +265,6 @@ def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
 def _recipe_knobs(name: str) -> dict:
     """The harder worlds' knobs `data=<name>` (recipes/data/<name>.yaml) sets, as Hydra composes them (under any
     recipe: the data group alone decides `data.toy_world`)."""
-    from rsearch_verl.config import load_config
 
     try:
         world = load_config(["+recipe=search_r1_ppo", f"data={name}"]).data.toy_world

@@ -35,7 +35,7 @@ from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.secrets import worker_secrets
 from rsearch_verl.trainer.health import RunStopped
-from rsearch_verl.trainer.preflight import preflight
+from rsearch_verl.trainer.preflight import check_hosts, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,6 @@ class TrainingSession:
 
     def train(self) -> dict:
         from rsearch_verl.trainer.loop import Trainer
-        from rsearch_verl.trainer.preflight import check_hosts
         from rsearch_verl.workers.placement import build_worker_groups
 
         tokenizer, train, val = self._prepare()

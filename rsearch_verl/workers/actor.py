@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.model import convert_weight_keys
 
 from rsearch_verl import signals as sig
 from rsearch_verl.algos.losses import agg_loss, kl_loss, policy_loss
@@ -51,6 +52,7 @@ from rsearch_verl.workers.forward import (
 from rsearch_verl.workers.generation import GenerationRunner
 from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.varlen_attention import configure_attention
+from rsearch_verl.workers.weights_ref import WeightsRef
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +231,6 @@ class ActorWorker(Worker):
         FSDP engine does (`get_per_tensor_param`): every rank must consume all of them, in the same order."""
         if self.use_lora:
             return iter(self._base_state_dict()[0].items())
-        from verl.utils.model import convert_weight_keys
 
         # references to the local shards: nothing gathered yet. A tied weight is gathered under each of its names:
         # vLLM loads lm_head.weight into a head of its own (measured: without it the head keeps its old weights)
@@ -247,8 +248,6 @@ class ActorWorker(Worker):
             return None
         if not as_ref:
             return state
-
-        from rsearch_verl.workers.weights_ref import WeightsRef
 
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return WeightsRef(ray.put(state), nbytes=nbytes, n_tensors=len(state))

@@ -34,7 +34,12 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from rsearch_verl.config import RSearchConfig, from_omegaconf
 from rsearch_verl.log_setup import quiet_expected_warnings
+from rsearch_verl.models import load_model, policy_tokenizer
+from rsearch_verl.rollout.agent_loop import generate_batch
+from rsearch_verl.rollout.engines import make_engine
 from rsearch_verl.rollout.engines.base import Weights
+from rsearch_verl.rollout.protocols import protocol_for
+from rsearch_verl.workers.fsdp import local_device
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +53,6 @@ class GenerationRunner:
     SLEEP_LEVEL = 2  # verl's level for full-weight sync: the weights are resent anyway (rollout/engines/vllm.py)
 
     def __init__(self, cfg: RSearchConfig, model: torch.nn.Module, tokenizer, device: torch.device):
-        from rsearch_verl.rollout.engines import make_engine
-        from rsearch_verl.rollout.protocols import protocol_for
-
         self.cfg, self.tokenizer = cfg, tokenizer
         # one per process (a runner is built once, in the worker's init), handed to every batch's agent loop
         self.protocol = protocol_for(cfg)
@@ -64,7 +66,6 @@ class GenerationRunner:
         """The rollout of `prompts`. `restore` (colocated): returns the policy's weights (may be a collective: every
         rank's engine is in the same state, so all ranks call it together); the engine sleeps after the batch when that
         frees memory (CUDA vLLM): an engine that keeps its weights anyway would only have to reload them."""
-        from rsearch_verl.rollout.agent_loop import generate_batch
 
         if restore is not None:
             if self.engine.weights_lost:  # slept since the last sync: bring the same version back
@@ -100,7 +101,6 @@ class GenerationRunner:
 
 def build_policy(cfg: RSearchConfig):
     """Tokenizer (with the protocol's special tokens) and the seeded, unsharded policy every process starts from."""
-    from rsearch_verl.models import load_model, policy_tokenizer
 
     tokenizer = policy_tokenizer(cfg)
     return tokenizer, load_model(cfg.model, tokenizer, seed=cfg.seed)
@@ -124,8 +124,6 @@ class GenerationWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        from rsearch_verl.workers.fsdp import local_device
-
         torch.manual_seed(self.cfg.seed)
         device = local_device(self.cfg.trainer.device)  # the GPU Ray gave this process (not always cuda:0)
         tokenizer, model = build_policy(self.cfg)
