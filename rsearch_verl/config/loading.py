@@ -20,6 +20,7 @@ RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 
 def from_omegaconf(oc_cfg: Any) -> RSearchConfig:
     """Convert a composed OmegaConf / dict config into a validated RSearchConfig (unknown keys are errors)."""
+    # hydra/omegaconf kept out of `import rsearch_verl.config` (light code imports it)
     from omegaconf import OmegaConf
 
     if not isinstance(oc_cfg, dict):
@@ -127,6 +128,7 @@ def _plain(value: Any) -> Any:
 def register_schema() -> None:
     """Register the schema with Hydra's ConfigStore so recipes are type-checked while composing, and the recipes'
     resolver (`prompts_per_step`)."""
+    # hydra/omegaconf kept out of `import rsearch_verl.config` (light code imports it)
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -151,6 +153,7 @@ def prompts_per_step(trajectories: int, n: int, mini_batch: int) -> int:
 def load_config(overrides: list[str] | None = None, config_dir: str | None = None) -> RSearchConfig:
     """Compose recipes/config.yaml with Hydra overrides outside a Hydra app (tests, notebooks, benchmarks). Without
     `+recipe=NAME` it raises ConfigError saying a recipe is required (the schema's defaults alone are no run)."""
+    # hydra kept out of `import rsearch_verl.config` (light code imports it)
     from hydra import compose, initialize_config_dir
 
     register_schema()

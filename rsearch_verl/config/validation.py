@@ -58,7 +58,8 @@ def validate(cfg: RSearchConfig) -> RSearchConfig:
 
 
 def _validate_algorithm(cfg: RSearchConfig) -> None:
-    # the algorithm tables own their names: config accepts exactly what they implement
+    # the algorithm tables own their names: config accepts exactly what they implement (imported here: algos
+    # imports verl/torch, kept out of the config package's import)
     from rsearch_verl.algos.advantages import ADVANTAGE_ESTIMATORS
     from rsearch_verl.algos.kl import KL_KINDS, KL_SCHEDULES
     from rsearch_verl.algos.losses import LOSS_AGG_MODES
@@ -107,6 +108,7 @@ def _validate_reward(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def _validate_workers(cfg: RSearchConfig) -> None:
+    # heavy: algos imports verl/torch, kept out of the config package's import
     from rsearch_verl.algos.advantages import GROUP_ESTIMATORS
 
     _check(cfg.actor.logprob_chunk_size >= 1, "actor.logprob_chunk_size", "must be >= 1")
@@ -208,6 +210,7 @@ def _validate_placement(tr: TrainerConfig) -> None:
 
 
 def _validate_async(cfg: RSearchConfig) -> None:
+    # heavy: algos imports verl/torch, kept out of the config package's import
     from rsearch_verl.algos.off_policy import OFF_POLICY_MODES
 
     tr = cfg.trainer

@@ -101,6 +101,7 @@ class PromptDataset:
 
     @classmethod
     def from_parquet(cls, files: list[str], tokenizer, max_prompt_length: int, protocol=None) -> PromptDataset:
+        # heavy: pandas only when a parquet file is read
         import pandas as pd
 
         if not files:

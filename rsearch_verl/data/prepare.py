@@ -124,6 +124,7 @@ def to_rows(records: list[dict], dataset: str, split: str, protocol, variant: st
 
 def write_parquet(rows: list[dict], path: str) -> None:
     """Atomic write (temp file + rename) so a reader never sees half a file."""
+    # heavy: pandas only when a parquet file is written
     import pandas as pd
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

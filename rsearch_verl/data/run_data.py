@@ -24,6 +24,7 @@ class RunData:
 
 def parquet_data(cfg: RSearchConfig, proto: SearchProtocol) -> RunData:
     """`data.train_files` / `data.val_files` as rsearch_verl/data/prepare.py wrote them (prompts already rendered)."""
+    # heavy: pandas only when parquet data is read
     import pandas as pd
 
     def read(files: list[str]) -> list[dict]:

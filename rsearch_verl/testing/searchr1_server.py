@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # CLI only
     import uvicorn
 
     config = server_config(args)

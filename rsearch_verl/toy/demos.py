@@ -55,6 +55,7 @@ def practice_search(side: PracticeSide, rng: random.Random):
     key ("the region of Tul Vex") is the query first, then random other passages (a search there finds its fact or
     nothing). A harder world's (`side.bm25`): the retrieval server's own BM25 index over the side's passages, so a
     demonstration sees what a search really returns there: twins, the entity's other passages, misses."""
+    # deferred: the search package (httpx and more) stays out of the light toy world's import
     from rsearch_verl.search.types import Doc
 
     if side.bm25:
@@ -77,6 +78,7 @@ def practice_search(side: PracticeSide, rng: random.Random):
 
 def _bm25_search(passages: dict[str, str]):
     """A SearchFn over `passages` with the retrieval server's BM25 index class (bm25s; its tokenizer, k1 and b)."""
+    # deferred: bm25 (numpy) and the search package stay out of the light toy world's import
     from retrieval_server.bm25 import BM25Index
     from rsearch_verl.search.types import Doc
 
@@ -254,6 +256,7 @@ def practice_sides(world: World, n_sides: int, seed: int) -> list[PracticeSide]:
 
 def _demo_protocol(protocol_name: str, tokenizer, variant: str):
     """The paper's protocol as the demonstration format writes it (default kwargs) and its demo format."""
+    # deferred: the rollout protocols stay out of the light toy world's import
     from rsearch_verl.rollout.protocols import get_protocol
 
     proto = get_protocol(protocol_name)

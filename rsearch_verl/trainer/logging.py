@@ -52,6 +52,7 @@ class MetricsLogger:
         self._file = open(self.path, "a") if "jsonl" in loggers else None  # noqa: SIM115 - closed in close()
         self._wandb = None
         if "wandb" in loggers:
+            # heavy/optional: wandb only when the wandb backend is on
             import wandb
 
             mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")

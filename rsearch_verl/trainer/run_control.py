@@ -144,6 +144,7 @@ class RunControl:
     def stopped(self, exc: BaseException) -> Stop | None:
         """The Stop that `exc` amounts to (with the last applied update to save where that is safe), or None for other
         errors (a crash: the loop raises it as it is)."""
+        # heavy: ray (seconds to import) only when a cluster is used
         import ray
 
         step = self.done_step + 1

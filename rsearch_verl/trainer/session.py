@@ -110,6 +110,7 @@ class TrainingSession:
         # policy's tokenizer is loaded from; the run's config (below) adds the warm start and the retriever's URL
         with_tokenizer = ctx.apply(recipe)
         if recipe.model.sft_checkpoint == "auto":  # the toy world's warm start, built once and cached
+            # heavy: the warm start (SFT, HF engine) only when the recipe asks for it
             from rsearch_verl.toy.warm_start import read_report, warm_start
 
             ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer))
@@ -130,6 +131,7 @@ class TrainingSession:
         return tokenizer, train, val
 
     def train(self) -> dict:
+        # heavy: the trainer and the worker classes (pandas and more) load when training starts
         from rsearch_verl.trainer.loop import Trainer
         from rsearch_verl.workers.placement import build_worker_groups
 

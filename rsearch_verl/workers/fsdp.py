@@ -51,6 +51,7 @@ def local_device(device: str) -> torch.device:
     RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES, or torchrun), LOCAL_RANK names the device."""
     if device == "cpu":
         return torch.device("cpu")
+    # heavy: verl (and Ray with it) kept out of fsdp, which the toy warm start imports
     from verl.utils.device import get_device_name, get_torch_device
 
     name, module = get_device_name(), get_torch_device()
@@ -91,6 +92,7 @@ def init_distributed(device: str, timeout_s: float = 1800.0) -> torch.device:
         if device == "cpu":
             backend = "gloo"
         else:
+            # heavy: verl (and Ray with it) kept out of fsdp, which the toy warm start imports
             from verl.utils.device import get_nccl_backend
 
             backend = f"cpu:gloo,{dev.type}:{get_nccl_backend()}"

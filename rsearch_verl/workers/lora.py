@@ -41,6 +41,7 @@ def _target_modules(model_cfg):
 
 def add_lora(model: torch.nn.Module, model_cfg) -> torch.nn.Module:
     """Wrap a causal LM in a peft LoRA model (`peft.PeftModelForCausalLM`): only the adapters are trainable."""
+    # heavy: peft (transformers, accelerate) only when LoRA is on
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
@@ -72,6 +73,7 @@ def add_lora(model: torch.nn.Module, model_cfg) -> torch.nn.Module:
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The peft LoRA layers by module name (the names of the full state dict's keys, without the parameter)."""
+    # heavy: peft only when LoRA is on
     from peft.tuners.lora import LoraLayer
 
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
@@ -89,6 +91,7 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
 
     `model`: the (possibly sharded) peft model, read only for its layers' scaling; `state`: its full state dict
     (`fsdp.full_state_dict`). Keys come back exactly as the plain transformers model names them."""
+    # heavy: peft only when LoRA is on
     from peft.utils.other import transpose
 
     merged: dict[str, torch.Tensor] = {}

@@ -101,6 +101,7 @@ class WorkerClasses:
 
 
 def default_worker_classes() -> WorkerClasses:
+    # heavy: the worker modules (models, pandas and more) load only when groups are built
     from rsearch_verl.workers.actor import ActorWorker
     from rsearch_verl.workers.critic import CriticWorker
     from rsearch_verl.workers.generation import GenerationWorker

@@ -47,6 +47,7 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention-function signature: query [b, H, T, D], key / value [b, Hkv, T, D]."""
+    # heavy: transformers kept out of this torch-only module's import
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
@@ -75,6 +76,7 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, 
 def varlen_sdpa_mask(*args, attention_mask=None, **kwargs):
     """The mask builder registered with `varlen_sdpa`: no mask for unpadded / packed input (the attention function
     reads the position ids), transformers' SDPA mask when a padding mask is given."""
+    # heavy: transformers kept out of this torch-only module's import
     from transformers.masking_utils import sdpa_mask
 
     if attention_mask is None:
@@ -83,6 +85,7 @@ def varlen_sdpa_mask(*args, attention_mask=None, **kwargs):
 
 
 def register_varlen_sdpa() -> None:
+    # heavy: transformers kept out of this torch-only module's import
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

