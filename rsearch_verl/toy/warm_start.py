@@ -224,17 +224,21 @@ def warm_start(cfg: RSearchConfig) -> str:
         opts.probe_questions,
     )
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=_die_with_parent) as pool:
+    child = {"initializer": _die_with_parent, "initargs": (os.getpid(),)}  # ends with this process
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, **child) as pool:
         report = pool.submit(build, cfg, out).result()  # WarmStartError and others re-raised here
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """The child is ended with its driver (Linux PR_SET_PDEATHSIG): a killed driver leaves no warm start training on
-    behind it (seen: an orphaned child kept both cores busy after its driver was stopped). Elsewhere: nothing."""
+    behind it (seen: an orphaned child kept both cores busy after its driver was stopped). A driver that died before
+    the child got here has already handed it to another parent: the child exits. Elsewhere: nothing."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def build(cfg: RSearchConfig, out: str) -> dict:

@@ -25,7 +25,7 @@ DRIVER = textwrap.dedent(
 
     if __name__ == "__main__":
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=spawn, initializer=_die_with_parent) as pool:
+        with ProcessPoolExecutor(1, mp_context=spawn, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             pool.submit(work, sys.argv[1]).result()
     """
 )
