@@ -190,10 +190,10 @@ class _Recorder:
 def test_runner_call_order(monkeypatch):
     """Sync: wake weights -> load -> wake KV cache (verl's order). Colocated generate: wake -> generate -> sleep(2);
     a second batch before the next sync first restores the same version from `restore()`."""
-    import rsearch_verl.rollout.agent_loop as agent_loop
+    import rsearch_verl.workers.generation as generation
     from rsearch_verl.workers.generation import GenerationRunner
 
-    monkeypatch.setattr(agent_loop, "generate_batch", lambda engine, *a, **k: engine.calls.append(("generate",)))
+    monkeypatch.setattr(generation, "generate_batch", lambda engine, *a, **k: engine.calls.append(("generate",)))
     runner = object.__new__(GenerationRunner)  # no config, model or protocol: only the engine calls matter here
     runner.engine, runner.tokenizer, runner.protocol = _Recorder(), None, None
     runner.cfg = type("Cfg", (), {"data": type("D", (), {"max_prompt_length": 1}), "rollout": type("R", (), {
