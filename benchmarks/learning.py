@@ -121,7 +121,10 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     if args.jobs > 1:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, f"{variant}-s{seed}-w{world}.log")  # the job log: follow an hour-long cell
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     wall = time.perf_counter() - start
     cell = {"variant": variant, "seed": seed, "world": world}
     if proc.returncode == STOP_EXIT_CODE:  # its own health checks ended the run: an outcome, recorded; the grid goes on
@@ -129,7 +132,9 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
             reason = json.load(f)["health"]["stop"]["reason"]
         return {**cell, "stopped": reason, "wall_s": round(wall, 1)}
     if proc.returncode != 0:
-        raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed:\n{proc.stderr[-3000:]}")
+        with open(log_path) as log:
+            tail = log.read()[-3000:]
+        raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed (log {log_path}):\n{tail}")
     return {**cell, **read_run(run_dir), "wall_s": round(wall, 1)}
 
 

@@ -34,6 +34,11 @@ BREAKER_TRIPS = "search/breaker_trips"
 BREAKER_WAIT_S = "search/breaker_wait_s"
 SEARCH_ERRORS = "search/errors"
 
+# ---- the streaming pipeline's (trainer/stream_pipeline.py, trainer.rollout_mode=streaming)
+STREAM_LOST = "stream/lost_trajectories"  # in flight on a rollout worker that died, or cancelled by a rollback
+STREAM_DROPPED_STALE = "stream/dropped_stale"  # finished over the staleness bound: generated again
+STREAM_WORKERS_LOST = "stream/rollout_workers_lost"
+
 # ---- the driver's own (trainer/loop.py, trainer/run_control.py; retriever/* from search/supervisor.py)
 UPDATE_SKIPPED = "health/update_skipped"  # every trajectory was dropped: no update
 ROLLBACKS = "health/rollbacks"

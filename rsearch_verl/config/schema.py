@@ -379,6 +379,10 @@ class TrainerConfig(ConfigNode):
     # a weight update that arrives mid-trajectory: "continue" (the trajectory goes on with the new weights, versions
     # per token) | "wait" (it lands once the rollout worker's current batch has finished)
     mid_trajectory_update: str = "continue"
+    # batch: each step's batch is generated as a whole (up to max_staleness steps ahead) | streaming: the rollout
+    # workers keep rollout.max_concurrent_trajectories in flight and a step trains on the first whole groups that
+    # finish within the staleness bound (docs/async_training.md)
+    rollout_mode: str = "batch"
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 

@@ -223,6 +223,15 @@ def _validate_async(cfg: RSearchConfig) -> None:
             "asynchronous training needs trainer.placement=split (colocated workers generate and train in the same "
             "processes, so there is nothing to overlap)",
         )
+    _one_of(tr.rollout_mode, ("batch", "streaming"), "trainer.rollout_mode")
+    if tr.rollout_mode == "streaming":
+        _check(
+            tr.max_staleness >= 1 and tr.mid_trajectory_update == "continue",
+            "trainer.rollout_mode",
+            f"streaming needs trainer.max_staleness >= 1 (got {tr.max_staleness}) and "
+            f"trainer.mid_trajectory_update=continue (got {tr.mid_trajectory_update}): trajectories keep generating "
+            "across weight updates",
+        )
     _one_of(cfg.algorithm.off_policy.mode, ("auto", *OFF_POLICY_MODES), "algorithm.off_policy.mode")
     _check(cfg.algorithm.off_policy.is_cap > 1, "algorithm.off_policy.is_cap", "must be > 1")
 

@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MARKER = "...[truncated]"
 
 
-class _CountingSearch:
+class CountingSearch:
     """Wraps a SearchFn to count failures and time calls (the protocol turns failures into observations)."""
 
     def __init__(self, search: SearchFn):
@@ -69,6 +69,10 @@ class _CountingSearch:
             raise
         finally:
             self.seconds += time.perf_counter() - start
+
+    def reset(self) -> None:
+        """A new window (the trajectory stream's, one per training step)."""
+        self.errors, self.outages, self.seconds = 0, 0, 0.0
 
 
 def observation_ids(tokenizer, text: str, limit: int, close_tag: str) -> tuple[list[int], str]:
@@ -124,7 +128,7 @@ async def run_trajectory(
     rc = cfg.rollout
     window = window or ContextWindow(cfg, tokenizer, protocol, context_budget(cfg))
     traj = Trajectory(list(prompt_ids))
-    counted = _CountingSearch(search)  # this trajectory's own failures (a shared counter also sees the others')
+    counted = CountingSearch(search)  # this trajectory's own failures (a shared counter also sees the others')
     hidden = hidden_token_ids(tokenizer, protocol)
     for turn in range(rc.max_turns):
         seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + turn) % (2**63)
@@ -190,7 +194,7 @@ def trajectory_seed(base_seed: int, uid: str, row: int) -> int:
     return zlib.crc32(f"{base_seed}:{uid}:{row}".encode()) * 1_000 + row % 1_000
 
 
-def search_metrics(search, counted: _CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None):
+def search_metrics(search, counted: CountingSearch, wall_s: float, breaker: CircuitBreaker | None = None):
     """What only the rollout measures: its wall time, time in search, the search client's and breaker's windows.
     (Per-trajectory statistics, `rollout/*`, come from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`.)"""
     out = {"timing/rollout_s": wall_s, "timing/search_s": counted.seconds}
@@ -216,8 +220,7 @@ async def generate_batch_async(
     """The async body of `generate_batch` (call it directly from code that already runs an event loop)."""
     rc = cfg.rollout
     validate = bool(prompts.meta_info.get("validate", False))
-    n, temperature = (rc.val_n, rc.val_temperature) if validate else (rc.n, rc.temperature)
-    batch = prompts.repeat(repeat_times=n, interleave=True)
+    batch = prompts.repeat(repeat_times=rc.val_n if validate else rc.n, interleave=True)
     nt = batch.non_tensor_batch
     protocol.bind_tokenizer(tokenizer, chat=cfg.prompt_variant == "instruct")  # tool-call observation framing
     own_client = search is None
@@ -225,14 +228,13 @@ async def generate_batch_async(
     if own_client:
         search = process_search_client(cfg.retriever)
         breaker = process_breaker(cfg.retriever) if cfg.retriever.breaker.enable else None
-    counted = _CountingSearch(breaker or search)
+    counted = CountingSearch(breaker or search)
     window = ContextWindow(cfg, tokenizer, protocol, context_budget(cfg))
     base_seed = int(prompts.meta_info.get("seed", cfg.seed))
     sem = asyncio.Semaphore(max(1, rc.max_concurrent_trajectories))
 
     async def one(row: int) -> Trajectory:
-        sampling = SamplingParams(temperature, rc.top_p, rc.top_k, rc.max_tokens_per_turn)
-        sampling.seed = trajectory_seed(base_seed, str(nt["uid"][row]), row)
+        sampling = trajectory_sampling(cfg, validate, trajectory_seed(base_seed, str(nt["uid"][row]), row))
         async with sem:
             prompt_ids = list(nt["prompt_ids"][row])
             return await run_trajectory(engine, tokenizer, protocol, counted, prompt_ids, cfg, sampling, window)
@@ -244,10 +246,24 @@ async def generate_batch_async(
         if own_client:
             await search.aclose()
     metrics = search_metrics(search, counted, time.perf_counter() - start, breaker)
+    return trajectories_batch(trajs, batch, tokenizer, {**prompts.meta_info, "metrics": metrics},
+                              pad_prompt_to, pad_response_to)  # fmt: skip
+
+
+def trajectory_sampling(cfg: RSearchConfig, validate: bool, seed: int) -> SamplingParams:
+    """One trajectory's sampling parameters: training's temperature, or validation's (`rollout.val_temperature`)."""
+    rc = cfg.rollout
+    temperature = rc.val_temperature if validate else rc.temperature
+    return SamplingParams(temperature, rc.top_p, rc.top_k, rc.max_tokens_per_turn, seed=seed)
+
+
+def trajectories_batch(trajs: list[Trajectory], prompts: DataProto, tokenizer, meta: dict,
+                       pad_prompt_to: int | None = None, pad_response_to: int | None = None) -> DataProto:  # fmt: skip
+    """The batch of finished trajectories (one per row of `prompts`, whose non-tensors they carry): one row per
+    segment, a trajectory whose context folded is several rows (rollout/context.py), every rollout key of batch.py."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    # one row per segment: a trajectory whose context folded is several rows (rollout/context.py)
+    nt = prompts.non_tensor_batch
     tensors, non_tensors = rows_to_batch(trajs, {key: nt[key] for key in nt}, pad_id, pad_prompt_to, pad_response_to)
-    meta = {**prompts.meta_info, "metrics": metrics}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 

@@ -40,6 +40,7 @@ from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.logging import MetricsLogger
 from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
 from rsearch_verl.trainer.run_control import Continue, RollbackTo, RunControl, Stop
+from rsearch_verl.trainer.stream_pipeline import StreamingPipeline
 from rsearch_verl.workers.metrics import reduce_metrics
 from rsearch_verl.workers.placement import WorkerGroups
 
@@ -95,8 +96,10 @@ class Trainer:
         self.cfg, self.run_dir, self.wg, self.tokenizer = cfg, run_dir, workers, tokenizer
         self.protocol = protocol  # the run's: rewards read answers with the protocol the rollout used
         self.loader = PromptLoader(train_data, cfg.data.train_batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
-        # each step's batch: generated at the step's start, or ahead while the actor trains (trainer.max_staleness)
-        self.rollouts = RolloutPipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
+        # each step's batch: generated at the step's start, ahead while the actor trains (trainer.max_staleness), or
+        # admitted from the rollout workers' streams of trajectories (trainer.rollout_mode=streaming)
+        pipeline = StreamingPipeline if cfg.trainer.rollout_mode == "streaming" else RolloutPipeline
+        self.rollouts = pipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
         self.val_data = val_data
         self.ckpts = CheckpointManager(run_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
         self.metrics = MetricsLogger(
@@ -236,7 +239,7 @@ class Trainer:
         if self.wg.critic is not None:
             self.wg.critic.load_checkpoint(os.path.join(path, "critic"))
         state = self.ckpts.read_trainer_state(path)
-        self.loader.load_state_dict(state["loader"])
+        self.rollouts.load_state(state["loader"])
         self.wg.sync_rollout_weights(version=int(state["step"]))
         self.metrics.truncate(after_step=state["step"])
         self.history = [row for row in self.history if row["step"] <= state["step"]]

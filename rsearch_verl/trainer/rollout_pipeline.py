@@ -65,6 +65,10 @@ class RolloutPipeline:
         oldest = self._current or (self._ahead[0] if self._ahead else None)
         return oldest.loader_before if oldest is not None else self.loader.state_dict()
 
+    def load_state(self, state: dict) -> None:
+        """A checkpoint's `resume_state`: where the loader continues."""
+        self.loader.load_state_dict(state)
+
     def discard(self) -> None:
         """Forget every batch not yet applied (rollback, resume): wait for running ones, rewind the loader."""
         state = self.resume_state()

@@ -39,6 +39,7 @@ from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.engines import make_engine
 from rsearch_verl.rollout.engines.base import Weights
 from rsearch_verl.rollout.protocols import protocol_for
+from rsearch_verl.rollout.stream import TrajectoryStream
 from rsearch_verl.workers.fsdp import local_device
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class GenerationWorker(Worker):
         self._state = threading.Condition()  # guards the fields below; notified when weights land
         self._parked: tuple[dict, int | None] | None = None  # mid_trajectory_update=wait: lands after the batch
         self._busy_s, self._busy_since, self._born = 0.0, None, time.perf_counter()
+        self._stream: TrajectoryStream | None = None  # trainer.rollout_mode=streaming
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -137,6 +139,9 @@ class GenerationWorker(Worker):
             with self._state:
                 self._busy_since = time.perf_counter()
             try:
+                if self._stream is not None:  # streaming: validation runs beside the groups in flight
+                    return self._stream.run_batch(prompts, pad_prompt_to=self.cfg.data.max_prompt_length,
+                                                  pad_response_to=self.cfg.rollout.max_response_length)  # fmt: skip
                 return self.runner.generate(prompts)
             finally:
                 with self._state:
@@ -153,6 +158,27 @@ class GenerationWorker(Worker):
                     f"rollout worker: waited {self.VERSION_TIMEOUT_S:.0f} s for policy version {version} "
                     f"(the engine holds {self.runner.version}); the driver stopped pushing weights"
                 )
+
+    # ---- trainer.rollout_mode=streaming: the driver calls these on each worker's handle (trainer/stream_pipeline.py)
+    def stream_submit(self, groups: list[DataProto]) -> None:
+        """Queue prompt groups on this worker's trajectory stream (started on first use)."""
+        if self._stream is None:
+            self._stream = TrajectoryStream(self.runner.engine, self.runner.tokenizer, self.cfg, self.runner.protocol)
+        self._stream.submit(groups)
+
+    def stream_poll(self, wait_s: float = 0.0, metrics: bool = False) -> tuple[list[DataProto], dict]:
+        """Finished groups since the last poll (waiting up to `wait_s` for one) and the stream's state."""
+        if self._stream is None:
+            return [], {"in_flight": [], "trajectories_in_flight": 0, "queued_groups": 0, "busy_s": 0.0}
+        return self._stream.poll(wait_s, metrics)
+
+    def stream_abort(self, seqs: list[int]) -> int:
+        """Cancel these groups; returns the trajectories lost."""
+        return self._stream.abort(seqs) if self._stream is not None else 0
+
+    def stream_reset(self) -> int:
+        """Cancel everything in flight (rollback, resume); returns the trajectories lost."""
+        return self._stream.reset() if self._stream is not None else 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None):
@@ -179,4 +205,6 @@ class GenerationWorker(Worker):
         """Seconds since start-up spent not generating (the driver logs the difference per step)."""
         with self._state:
             busy = self._busy_s + (time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0)
-            return time.perf_counter() - self._born - busy
+        if self._stream is not None:  # streaming: busy while any trajectory generates (validation runs beside them)
+            busy = self._stream.busy_seconds()
+        return time.perf_counter() - self._born - busy

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import numpy as np
 import ray
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
@@ -60,13 +59,13 @@ class WorkerGroups:
         if self.split_rollout is None:
             self.actor.sync_rollout_weights(version)
             return {"sync/bytes": 0.0}
-        return {"sync/bytes": float(push_weights(self.actor, self.split_rollout, version))}
+        return {"sync/bytes": float(push_weights(self.actor, self.rollout, version))}
 
     def rollout_idle_seconds(self) -> float | None:
         """Split placement: the rollout workers' mean idle seconds since start-up (None when colocated)."""
         if self.split_rollout is None:
             return None
-        return float(np.mean(self.split_rollout.idle_seconds()))
+        return self.rollout.idle_seconds()
 
 
 def start_group(
@@ -117,7 +116,7 @@ def build_worker_groups(cfg: RSearchConfig, classes: WorkerClasses | None = None
     pools = build_pools(cfg)
     actor = start_group(pools["actor"], classes.actor, cfg, "actor", with_rollout=not split)
     critic = start_group(pools["actor"], classes.critic, cfg, "critic") if cfg.use_critic else None
-    split_rollout = start_group(pools["rollout"], classes.rollout, cfg, "rollout", threads=4) if split else None
+    split_rollout = start_group(pools["rollout"], classes.rollout, cfg, "rollout", threads=8) if split else None
     gen = split_rollout or actor
     groups = WorkerGroups(actor, critic, GenerationGroup(gen, gen.world_size, cfg), split_rollout)
     logger.info(

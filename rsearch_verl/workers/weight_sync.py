@@ -12,7 +12,7 @@ the next bucket while the previous one is broadcast: no CPU copy, no whole-model
 
 The colocated placement needs none of this: each actor rank feeds its own engine (`actor.sync_rollout_weights`).
 
-    nbytes = push_weights(groups.actor, groups.split_rollout, version=step)
+    nbytes = push_weights(groups.actor, groups.rollout, version=step)
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ import logging
 
 from verl.single_controller.ray import RayWorkerGroup
 
+from rsearch_verl.workers.generation_group import GenerationGroup
+
 logger = logging.getLogger(__name__)
 
 
-def push_weights(actor: RayWorkerGroup, generators: RayWorkerGroup, version: int | None) -> int:
-    """Gather the actor's full state dict on rank 0 (one `ray.put`) and hand its reference to every generation
+def push_weights(actor: RayWorkerGroup, generators: GenerationGroup, version: int | None) -> int:
+    """Gather the actor's full state dict on rank 0 (one `ray.put`) and hand its reference to every live generation
     worker as policy `version`; returns the bytes put in the object store."""
     handles = [h for h in actor.full_state_dict(as_ref=True) if h is not None]
     if len(handles) != 1:
@@ -37,6 +39,6 @@ def push_weights(actor: RayWorkerGroup, generators: RayWorkerGroup, version: int
         version,
         weights.n_tensors,
         weights.nbytes / 2**20,
-        generators.world_size,
+        len(generators.live_workers()),
     )
     return weights.nbytes

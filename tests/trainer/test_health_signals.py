@@ -14,7 +14,7 @@ from verl import DataProto
 from rsearch_verl import signals as sig
 from rsearch_verl.algos.losses import kl_loss, policy_loss, value_loss
 from rsearch_verl.config import BreakerConfig, RetrieverConfig, RSearchConfig, WatchdogConfig
-from rsearch_verl.rollout.agent_loop import _CountingSearch, search_metrics
+from rsearch_verl.rollout.agent_loop import CountingSearch, search_metrics
 from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.testing.batches import sequence_tensors
@@ -69,7 +69,7 @@ def _search_metrics() -> dict[str, float]:
         return [[] for _ in queries]
 
     breaker = CircuitBreaker(search, BreakerConfig())
-    return search_metrics(search, _CountingSearch(search), 0.1, breaker)
+    return search_metrics(search, CountingSearch(search), 0.1, breaker)
 
 
 def _run_control_metrics() -> dict[str, float]:

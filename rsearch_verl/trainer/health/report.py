@@ -27,6 +27,9 @@ COUNTED = {
     sig.SEARCH_ERRORS: "search_errors",
     sig.DROPPED: "dropped_trajectories",
     sig.UPDATE_SKIPPED: "skipped_updates",
+    sig.STREAM_LOST: "lost_trajectories",
+    sig.STREAM_DROPPED_STALE: "stale_trajectories",
+    sig.STREAM_WORKERS_LOST: "rollout_workers_lost",
 }
 
 
@@ -85,6 +88,13 @@ class RunHealth:
             reasons.append(f"{c['search_errors']} failed search(es)")
         if c["dropped_trajectories"]:
             reasons.append(f"{c['dropped_trajectories']} trajectory(ies) with failed searches dropped from the update")
+        if c["rollout_workers_lost"]:
+            reasons.append(f"{c['rollout_workers_lost']} rollout worker(s) died mid-stream; the run went on without")
+        if c["lost_trajectories"]:
+            reasons.append(f"{c['lost_trajectories']} trajectory(ies) in flight lost (dead worker or rollback), "
+                           "their prompts generated again")  # fmt: skip
+        if c["stale_trajectories"]:
+            reasons.append(f"{c['stale_trajectories']} trajectory(ies) over the staleness bound, generated again")
         if c["skipped_updates"]:
             reasons.append(f"{c['skipped_updates']} update(s) skipped (every trajectory dropped)")
         for rb in self.rollbacks:
