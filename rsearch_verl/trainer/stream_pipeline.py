@@ -42,6 +42,7 @@ from rsearch_verl.data.dataset import PromptLoader
 from rsearch_verl.rollout.stream import SEQ
 from rsearch_verl.trainer.admission import Candidate, admit, staleness
 from rsearch_verl.workers.generation_group import GenerationGroup
+from rsearch_verl.workers.metrics import reduce_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +80,16 @@ class StreamingPipeline:
         self._seq, self._n_draws = 0, 0
         self._admitted_turns, self._finished_turns = [0, 0], [0, 0]  # (sum, count), for the bias
         self._counts = collections.Counter()  # dropped, aborted, lost: per step, reset by take
-        self._rate_since, self._done_before = time.perf_counter(), 0.0  # trajectories per second, per step
+        self._rate_since, self._done_before = time.perf_counter(), {}  # trajectories per second: per worker, per step
+        self._known_dead: set[int] = set()
+        rollout.tolerate_loss()  # a dead rollout worker loses its in-flight groups, not the run
 
     # ------------------------------------------------------------------ the loop's interface
     def take(self, step: int) -> DataProto:
         """Step's batch: `train_batch_size` whole groups within the staleness bound (module docstring)."""
         start, waits = time.perf_counter(), 0
         while True:
+            self._regenerate_lost()
             self._top_up()
             self._poll(POLL_S if waits else 0.0)
             plan = admit([c for _, _, c in self._done.values()], self._all_in_flight(), step, self.k, self.batch_size)
@@ -140,7 +144,8 @@ class StreamingPipeline:
             while outstanding + self.n <= self.per_worker and len(self._out) + len(self._done) + len(batch) < cap:
                 prompts, draw = self._next_prompt()
                 seq, self._seq = self._seq, self._seq + 1
-                prompts.meta_info.update({SEQ: seq, "seed": self.seed_for(draw + 1), "validate": False})
+                # its own dict: the rows of one loader draw share the draw's meta_info
+                prompts.meta_info = {**prompts.meta_info, SEQ: seq, "seed": self.seed_for(draw + 1), "validate": False}
                 self._out[seq] = _Submitted(prompts, draw, i)
                 batch.append(prompts)
                 outstanding += self.n
@@ -202,15 +207,20 @@ class StreamingPipeline:
         self._done[seq] = (sub, batch, Candidate(seq, oldest, turns))
 
     def _lost_worker(self, i: int, err: Exception) -> None:
-        lost = [seq for seq, s in self._out.items() if s.worker == i]
-        logger.error("rollout worker %d died (%s): %d trajectories in flight lost, generated again", i, err,
-                     len(lost) * self.n)  # fmt: skip
-        self.rollout.mark_dead(i)
-        self._in_flight.pop(i, None)
-        self._counts["workers_lost"] += 1
-        self._regenerate([self._out.pop(seq) for seq in lost], "lost")
-        if not self._live():
-            raise RuntimeError("streaming: every rollout worker died") from err
+        logger.error("rollout worker %d died: %s", i, err)
+        self.rollout.mark_dead(i)  # raises when none is left
+        self._regenerate_lost()
+
+    def _regenerate_lost(self) -> None:
+        """The groups a dead worker had (in flight or queued, not yet polled) go to the live ones (counted)."""
+        for i in sorted(self.rollout.dead_workers() - self._known_dead):
+            self._known_dead.add(i)
+            lost = [seq for seq, s in self._out.items() if s.worker == i]
+            logger.error("rollout worker %d is gone: its %d trajectories in flight are generated again", i,
+                         len(lost) * self.n)  # fmt: skip
+            self._in_flight.pop(i, None)
+            self._counts["workers_lost"] += 1
+            self._regenerate([self._out.pop(seq) for seq in lost], "lost")
 
     def _all_in_flight(self) -> list[tuple[int, int | None]]:
         return [x for i in self._live() for x in self._in_flight.get(i, []) if x[0] in self._out]
@@ -244,14 +254,16 @@ class StreamingPipeline:
     def _metrics(self, step: int, plan, wait_s: float) -> dict[str, float]:
         live = self._live()
         states = {i: self._call(i, "stream_poll", 0.0, True)[1] for i in live}
-        metrics: dict[str, float] = {}
+        per_worker = collections.defaultdict(list)
         for state in states.values():
             for key, value in state.get("metrics", {}).items():
-                metrics[key] = metrics.get(key, 0.0) + value  # counts and seconds add over workers
+                per_worker[key].append(value)
+        metrics = reduce_metrics({"metrics": dict(per_worker)})  # the mean over workers, as a batch's chunks
         for i, state in states.items():
             self._in_flight[i] = [tuple(x) for x in state["in_flight"]]
-        done, now = float(sum(s.get("trajectories_done", 0) for s in states.values())), time.perf_counter()
-        rate = max(0.0, done - self._done_before) / max(1e-9, now - self._rate_since)
+        now = time.perf_counter()
+        done = {i: s.get("trajectories_done", 0) for i, s in states.items()}
+        rate = sum(n - self._done_before.get(i, 0) for i, n in done.items()) / max(1e-9, now - self._rate_since)
         self._done_before, self._rate_since = done, now
         ages = [staleness(step, c.oldest_version) for c in plan.admitted]
         turns = [t for c in plan.admitted for t in c.turns]

@@ -22,31 +22,54 @@ _PAD_COPY = "pad_copy"  # rows of the prompts copied to fill the last worker's c
 
 
 class GenerationGroup:
-    """Front of whichever group generates: pads the prompts to the group size, unpads and trims the result."""
+    """Front of whichever group generates: pads the prompts to the group size, unpads and trims the result.
+
+    `tolerate_loss()` (trainer.rollout_mode=streaming, split placement): every call goes to the workers one by one and
+    a worker that died (RayActorError) is marked dead and left out from then on, instead of failing the call; the
+    streaming pipeline reads `dead_workers()` to regenerate what the dead one had in flight."""
 
     def __init__(self, group: RayWorkerGroup, n_workers: int, cfg: RSearchConfig):
         self.group, self.n_workers, self.cfg = group, n_workers, cfg
-        self._dead: set[int] = set()  # split workers lost mid-stream (trainer.rollout_mode=streaming)
+        self._tolerant = False
+        self._dead: set[int] = set()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        return self.submit(prompts).result()
+        if not self._tolerant:
+            return self.submit(prompts).result()
+        while True:  # a worker that dies meanwhile: the batch again, on the live ones
+            refs = self._scatter(prompts)
+            try:
+                return PendingGeneration(DataProtoFuture(collect_fn=DataProto.concat, futures=refs)).result()
+            except ray.exceptions.RayActorError:
+                self._each("policy_version")  # finds and marks the dead one
 
     def submit(self, prompts: DataProto) -> PendingGeneration:
         """Start generating and return at once when the group runs on its own (split placement); a colocated group
-        generates before this returns (its processes are the actor's). With a worker lost, the live ones share it."""
-        live = self.live_workers()
-        padded, _ = pad_dataproto_to_divisor(prompts, len(live))
-        # the copies are marked, not counted: a trajectory whose context folds is several rows (rollout/context.py)
-        padded.non_tensor_batch[_PAD_COPY] = np.array([i >= len(prompts) for i in range(len(padded))], dtype=object)
-        if self._dead:
-            chunks = padded.chunk(len(live))
-            refs = [self.handle(i).generate_sequences_async.remote(c) for i, c in zip(live, chunks, strict=True)]
-            return PendingGeneration(DataProtoFuture(collect_fn=DataProto.concat, futures=refs))
+        generates before this returns (its processes are the actor's)."""
+        if self._tolerant:
+            return PendingGeneration(DataProtoFuture(collect_fn=DataProto.concat, futures=self._scatter(prompts)))
+        padded = _padded(prompts, self.n_workers)
         if hasattr(self.group, "generate_sequences_async"):
             return PendingGeneration(self.group.generate_sequences_async(padded))
         return PendingGeneration(self.group.generate_sequences(padded))
 
-    # ---- the split workers one by one (weight pushes and streams skip a lost worker)
+    def load_weights(self, weights_ref, version: int | None) -> None:
+        """Every (live) worker loads the weights `weights_ref` points at as policy `version`."""
+        if self._tolerant:
+            self._each("load_weights", weights_ref, version)
+        else:
+            self.group.load_weights(weights_ref, version)
+
+    def idle_seconds(self) -> float:
+        """The (live) workers' mean idle seconds since start-up."""
+        if self._tolerant:
+            return float(np.mean(list(self._each("idle_seconds").values())))
+        return float(np.mean(self.group.idle_seconds()))
+
+    # ---- one by one (streaming)
+    def tolerate_loss(self) -> None:
+        self._tolerant = True
+
     def handle(self, i: int):
         """Worker `i`'s Ray actor handle."""
         return self.group.workers[i]
@@ -54,21 +77,36 @@ class GenerationGroup:
     def live_workers(self) -> list[int]:
         return [i for i in range(self.n_workers) if i not in self._dead]
 
+    def dead_workers(self) -> set[int]:
+        return set(self._dead)
+
     def mark_dead(self, i: int) -> None:
         self._dead.add(i)
+        if not self.live_workers():
+            raise RuntimeError("every rollout worker died")
 
-    def load_weights(self, weights_ref, version: int | None) -> None:
-        """Every live worker loads the weights `weights_ref` points at as policy `version`."""
-        if not self._dead:
-            self.group.load_weights(weights_ref, version)
-            return
-        ray.get([self.handle(i).load_weights.remote(weights_ref, version) for i in self.live_workers()])
+    def _each(self, method: str, *args) -> dict:
+        """`method(*args)` on every live worker: {worker: result}; the dead ones are marked and left out."""
+        refs = {i: getattr(self.handle(i), method).remote(*args) for i in self.live_workers()}
+        out = {}
+        for i, ref in refs.items():
+            try:
+                out[i] = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.mark_dead(i)
+        return out
 
-    def idle_seconds(self) -> float:
-        """The live workers' mean idle seconds since start-up."""
-        if not self._dead:
-            return float(np.mean(self.group.idle_seconds()))
-        return float(np.mean(ray.get([self.handle(i).idle_seconds.remote() for i in self.live_workers()])))
+    def _scatter(self, prompts: DataProto) -> list:
+        live = self.live_workers()
+        chunks = _padded(prompts, len(live)).chunk(len(live))
+        return [self.handle(i).generate_sequences_async.remote(c) for i, c in zip(live, chunks, strict=True)]
+
+
+def _padded(prompts: DataProto, n_workers: int) -> DataProto:
+    padded, _ = pad_dataproto_to_divisor(prompts, n_workers)
+    # the copies are marked, not counted: a trajectory whose context folds is several rows (rollout/context.py)
+    padded.non_tensor_batch[_PAD_COPY] = np.array([i >= len(prompts) for i in range(len(padded))], dtype=object)
+    return padded
 
 
 class PendingGeneration:
