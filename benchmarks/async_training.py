@@ -55,12 +55,13 @@ BASE = [
 ]
 
 
-def toy_retriever(cache: str, log_path: str) -> RetrieverService:
-    """The toy world's own BM25 server, started as a training run starts it (the world is built if needed)."""
+def toy_retriever(cache: str, log_path: str, overrides: tuple[str, ...] = (BASE[0],)) -> RetrieverService:
+    """The toy world's own BM25 server for the run `overrides` configure, started as a training run starts it (the
+    world is built if needed)."""
     from rsearch_verl.rollout.protocols import protocol_for
     from rsearch_verl.run_data import load_run_data
 
-    cfg = load_config([BASE[0], f"data.toy_world.cache_dir={cache}"])
+    cfg = load_config([*overrides, f"data.toy_world.cache_dir={cache}"])
     data = load_run_data(cfg, protocol_for(cfg))
     return RetrieverService(cfg.retriever, data.corpus, data.index_dir, log_path=log_path)
 

@@ -164,6 +164,7 @@ def rollout_metrics(batch: DataProto) -> dict[str, float]:
         sig.RESPONSE_LEN: float(lengths.mean()),
         "rollout/policy_tokens_mean": float(mask.sum(-1).float().mean()),
         "rollout/rows_per_trajectory": float(len(last) / max(1, int(last.sum()))),
+        "rollout/trajectories": float(last.sum()),
     }
     for reason in FINISH_REASONS:
         out[f"rollout/finish_{reason}"] = float(np.mean([r == reason for r in nt["finish_reason"][last]]))
