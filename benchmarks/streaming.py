@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the proxy's client logs every search
     if args.report:
         with open(os.path.join(args.report, "results.jsonl")) as f:
             _print_last(report([json.loads(line) for line in f]))
