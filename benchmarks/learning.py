@@ -9,6 +9,7 @@ Variants: PPO (search_r1_ppo, the README's main job) with observation masking, t
 (`algorithm.mask_observations=false`, Search-R1's Table 4 ablation), GRPO (search_r1_grpo, rollout.n=4 x 4 prompts:
 the same 16 trajectories per step as PPO's 16 prompts) with masking, and PPO trained asynchronously with batches one
 update old (`ppo_async1`: split placement, trainer.max_staleness=1; not in the default grid, `--only ppo_async1`),
+streaming rollouts (`ppo_stream`, `grpo_stream`: trainer.rollout_mode=streaming at staleness 1, `--only ...`),
 REINFORCE++ on PPO's batch without a critic (`rpp`) and Dr.GRPO on GRPO's batch (`drgrpo`). SmolLM2-135M's own
 main job (`model=smollm2_135m`: its warm start and CPU sizes, recipes/sizes/smollm2_135m_cpu.yaml) with Search-R1
 GRPO (`smollm2_grpo`), JSON tool calls (`smollm2_toolcall`), PPO (`smollm2_ppo`) and GRPO on LoRA adapters
@@ -59,6 +60,7 @@ from collections.abc import Iterator
 from rsearch_verl.trainer.health import STOP_EXIT_CODE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLIT1 = ["trainer.placement=split", "trainer.max_staleness=1", "trainer.ray_num_cpus=2"]
 VARIANTS = {
     "ppo": ["+recipe=search_r1_ppo"],
     "ppo_nomask": ["+recipe=search_r1_ppo", "algorithm.mask_observations=false"],
@@ -69,6 +71,15 @@ VARIANTS = {
         "trainer.placement=split",
         "trainer.max_staleness=1",
         "trainer.ray_num_cpus=2",
+    ],  # fmt: skip
+    # streaming rollouts (docs/async_training.md): trajectories flow, a step admits whole groups within staleness 1
+    "ppo_stream": ["+recipe=search_r1_ppo", *SPLIT1, "trainer.rollout_mode=streaming"],
+    "grpo_stream": [
+        "+recipe=search_r1_grpo",
+        "rollout.n=4",
+        "data.train_batch_size=4",
+        *SPLIT1,
+        "trainer.rollout_mode=streaming",
     ],  # fmt: skip
     # no critic: REINFORCE++ on PPO's batch (16 prompts x 1), Dr.GRPO on GRPO's (4 prompts x 4)
     "rpp": ["+recipe=search_r1_ppo", "algorithm.adv_estimator=reinforce_plus_plus"],
@@ -192,6 +203,10 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     effects += _paired(by_variant, "ppo_async1", "ppo", "asynchronous effect (EM after RL, ppo_async1 - ppo")
     effects += _paired(by_variant, "rpp", "ppo", "REINFORCE++ vs PPO (EM after RL, rpp - ppo")
     effects += _paired(by_variant, "drgrpo", "grpo", "Dr.GRPO vs GRPO (EM after RL, drgrpo - grpo")
+    effects += _paired(by_variant, "ppo_stream", "ppo", "streaming vs synchronous PPO (EM after RL, ppo_stream - ppo")
+    effects += _paired(
+        by_variant, "grpo_stream", "grpo", "streaming vs synchronous GRPO (EM after RL, grpo_stream - grpo"
+    )
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
     head = by_variant.get("ppo") or next((r for r in by_variant.values() if r), None)
