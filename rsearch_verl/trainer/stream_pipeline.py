@@ -278,14 +278,23 @@ class StreamingPipeline:
             "stream/admitted_turns_mean": float(np.mean(turns)) if turns else 0.0,
             "stream/turn_bias": _ratio(self._admitted_turns, self._finished_turns),
             "stream/staleness_max": float(max(ages)),
-            sig.STREAM_DROPPED_STALE: float(self._counts.pop("stale", 0)),
-            "stream/aborted": float(self._counts.pop("aborted", 0)),
-            sig.STREAM_LOST: float(self._counts.pop("lost", 0) + self._counts.pop("lost_reset", 0)),
-            sig.STREAM_WORKERS_LOST: float(self._counts.pop("workers_lost", 0)),
+            **counted_metrics(self._counts),
         })  # fmt: skip
         for j in range(self.k + 1):
             metrics[f"stream/staleness_{j}_frac"] = float(np.mean([a == j for a in ages]))
         return metrics
+
+
+def counted_metrics(counts: collections.Counter) -> dict[str, float]:
+    """What was thrown away or lost since the last step (run health sums them, summary.json); resets `counts`."""
+    out = {
+        sig.STREAM_DROPPED_STALE: float(counts["stale"]),
+        "stream/aborted": float(counts["aborted"]),
+        sig.STREAM_LOST: float(counts["lost"] + counts["lost_reset"]),
+        sig.STREAM_WORKERS_LOST: float(counts["workers_lost"]),
+    }
+    counts.clear()
+    return out
 
 
 def _uid(prompts: DataProto) -> str:

@@ -141,6 +141,8 @@ SKIP = {
     ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo trainer.placement=split trainer.max_staleness=1": (
         _TRAINING
     ),
+    ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo trainer.placement=split trainer.max_staleness=1 "
+    "trainer.rollout_mode=streaming": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_toolcall_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_ppo": _TRAINING,

@@ -5,6 +5,7 @@ tests/workers/test_workers_fsdp.py and test_workers_mixed_precision.py)."""
 
 from __future__ import annotations
 
+import collections
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +23,7 @@ from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.health.report import COUNTED, RunHealth
 from rsearch_verl.trainer.loop import Trainer
 from rsearch_verl.trainer.run_control import RunControl
+from rsearch_verl.trainer.stream_pipeline import counted_metrics
 
 WORKERS_ONLY = {sig.ACTOR_GRAD_NORM, sig.ACTOR_ENTROPY, sig.CRITIC_GRAD_NORM}  # written in the workers' update
 
@@ -80,6 +82,7 @@ def _run_control_metrics() -> dict[str, float]:
 
 def test_every_signal_run_health_reads_is_written():
     written = {**_driver_metrics(), **_loss_metrics(), **_search_metrics(), **_run_control_metrics()}
+    written.update(counted_metrics(collections.Counter(lost=2)))  # the streaming pipeline's (trainer.rollout_mode)
     read = {sig.LOGPROB_GAP, sig.FINISH_ANSWER, sig.ENTROPY_MC, sig.RESPONSE_LEN, sig.ROLLBACKS}
     read |= {*set(sig.FINITE) - WORKERS_ONLY, *COUNTED, *sig.CARRIED_OVER_ROLLBACK}
     assert not read - written.keys(), f"read but never written: {sorted(read - written.keys())}"
