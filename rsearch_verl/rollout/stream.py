@@ -73,6 +73,7 @@ class TrajectoryStream:
         self._window = ContextWindow(cfg, tokenizer, protocol, context_budget(cfg))
         self._groups: dict[int, _Group] = {}  # submitted, not yet finished (queued or generating)
         self._finished: collections.deque[DataProto] = collections.deque()
+        self._failed: list[int] = []  # groups whose generation raised, since the last poll
         self._lock = threading.Condition()  # guards _finished and the counters below
         self._busy_s, self._busy_since, self._window_start = 0.0, None, time.perf_counter()
         self._running = 0  # trajectories generating now (holding a slot of the pool)
@@ -90,12 +91,14 @@ class TrajectoryStream:
 
     def poll(self, wait_s: float = 0.0, metrics: bool = False) -> tuple[list[DataProto], dict]:
         """The groups finished since the last poll (waiting up to `wait_s` for one) and the stream's state:
-        `in_flight` [(seq, start_version or None)], `trajectories_in_flight`, `busy_s` (seconds with at least one
-        trajectory generating, since start-up); with `metrics`, the search window since the last such poll."""
+        `in_flight` [(seq, start_version or None)], `failed` (seqs whose generation raised), `trajectories_in_flight`,
+        `busy_s` (seconds with at least one trajectory generating, since start-up); with `metrics`, the search window
+        since the last such poll."""
         with self._lock:
-            self._lock.wait_for(lambda: self._finished, timeout=wait_s)
+            self._lock.wait_for(lambda: self._finished or self._failed, timeout=wait_s)
             finished, self._finished = list(self._finished), collections.deque()
-        state = self._call(self._state)
+            failed, self._failed = self._failed, []
+        state = {**self._call(self._state), "failed": failed}
         if metrics:
             state["metrics"] = self._call(self._metrics)
         return finished, state
@@ -148,7 +151,15 @@ class TrajectoryStream:
 
     async def _run_group(self, group: _Group) -> None:
         base_seed = int(group.prompts.meta_info["seed"])
-        trajs = await asyncio.gather(*(self._one(group, row, base_seed) for row in range(len(group.prompts))))
+        try:
+            trajs = await asyncio.gather(*(self._one(group, row, base_seed) for row in range(len(group.prompts))))
+        except Exception:  # an engine failure: the driver regenerates the group (counted), the stream goes on
+            logger.exception("trajectory stream: group %d failed", group.seq)
+            self._groups.pop(group.seq, None)
+            with self._lock:
+                self._failed.append(group.seq)
+                self._lock.notify_all()
+            return
         out = trajectories_batch(trajs, group.prompts, self.tokenizer, {SEQ: group.seq},
                                  self.cfg.data.max_prompt_length, self.cfg.rollout.max_response_length)  # fmt: skip
         self._groups.pop(group.seq, None)

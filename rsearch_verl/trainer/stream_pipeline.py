@@ -47,6 +47,7 @@ from rsearch_verl.workers.metrics import reduce_metrics
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how long one poll waits for a worker's next finished group
+STALL_S = 1800.0  # a step that sees no group finish this long: the rollout workers are stuck, the run stops
 
 
 @dataclasses.dataclass
@@ -87,11 +88,17 @@ class StreamingPipeline:
     # ------------------------------------------------------------------ the loop's interface
     def take(self, step: int) -> DataProto:
         """Step's batch: `train_batch_size` whole groups within the staleness bound (module docstring)."""
-        start, waits = time.perf_counter(), 0
+        start, waits, progress = time.perf_counter(), 0, time.perf_counter()
         while True:
             self._regenerate_lost()
             self._top_up()
+            before = len(self._done)
             self._poll(POLL_S if waits else 0.0)
+            if len(self._done) > before:
+                progress = time.perf_counter()
+            elif time.perf_counter() - progress > STALL_S:
+                raise RuntimeError(f"streaming: no group finished in {STALL_S:.0f} s (in flight: "
+                                   f"{self._all_in_flight()}); the rollout workers are stuck")  # fmt: skip
             plan = admit([c for _, _, c in self._done.values()], self._all_in_flight(), step, self.k, self.batch_size)
             self._regenerate([s for s, _, _ in (self._done.pop(c.seq) for c in plan.stale)], "stale")
             self._abort(plan.abort)
@@ -192,6 +199,8 @@ class StreamingPipeline:
             self._in_flight[i] = [tuple(x) for x in state["in_flight"]]
             for batch in finished:
                 self._finish(batch)
+            failed = [self._out.pop(seq) for seq in state.get("failed", []) if seq in self._out]
+            self._regenerate(failed, "lost")  # the worker logged why
 
     def _finish(self, batch: DataProto) -> None:
         seq = int(batch.meta_info[SEQ])

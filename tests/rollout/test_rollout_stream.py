@@ -146,6 +146,15 @@ def test_reset_cancels_in_flight_and_the_stream_goes_on(engine, tok, slow_url):
         stream.submit(_groups(tok, [1]))
         (batch,) = _collect(stream, 1)
         assert list(batch.non_tensor_batch["n_searches"]) == [1] * N
+        # a group the engine refuses (an empty prompt) is reported failed, and the stream goes on
+        bad = _groups(tok, [1])[0]
+        bad.non_tensor_batch["prompt_ids"][0] = []
+        bad.meta_info[SEQ] = 99
+        stream.submit([bad])
+        deadline, failed = time.monotonic() + 30, []
+        while not failed and time.monotonic() < deadline:
+            failed = stream.poll(wait_s=0.1)[1]["failed"]
+        assert failed == [99]
         # a whole validation batch beside the stream (the rollout worker's generate_sequences in streaming mode)
         stream.submit(_groups(tok, [4]))
         prompts = _groups(tok, [2])[0]
