@@ -9,8 +9,10 @@ each):
     stream2   the same at staleness 2
 Workloads:
     readme    the README's job (search_r1_ppo on the toy world, its cached warm start): short trajectories
-    deep      +recipe=deep_search_grpo on the deep world (data=toy_world_deep, its cached warm start): 1 to 10+ turns a
-              trajectory, the heavy tail (its turn distribution is printed)
+    tail      +recipe=deep_search_grpo (32 turns, folded contexts, GRPO 4 x 8) with a scripted heavy-tailed policy:
+              1 to 17 turns a trajectory, P(searches >= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py)
+    deep      the same recipe with its own warm-started policy on the deep world (its cached warm start)
+The turn distribution of each workload is printed.
 Every search goes through a proxy that waits `--latency-s` +- `--jitter-s` (rsearch_verl/testing/latency_proxy.py)
 in front of the world's own BM25 server, the order of a web search API. Everything else is the real main job.
 
@@ -18,13 +20,13 @@ Per run, over the steps after `--skip` (the pipelines filling): trajectories per
 step / step time), rollout idle (timing/rollout_idle_s over the wall time), actor idle, the admitted staleness, and
 for streaming the turn bias (mean turns of admitted / of all finished trajectories, `stream/turn_bias`). Rounds run
 the modes in turn; speed-ups are paired with the same round's sync and batch1 runs. The last line, for the last
-workload run (deep by default): streaming / synchronous and streaming / batch at staleness 1.
+workload run (tail by default): streaming / synchronous and streaming / batch at staleness 1.
 
     .venv/bin/python benchmarks/streaming.py                                # both workloads, 2 rounds
     .venv/bin/python benchmarks/streaming.py --workloads deep --rounds 3 --steps 10
     .venv/bin/python benchmarks/streaming.py --report DIR                   # the tables of a finished run again
 
-Needs the warm starts in the cache (a first run of each recipe builds them: ~10 min for readme, longer for deep).
+readme and deep need their warm starts in the cache (a first run of the recipe builds them: ~10 min for readme).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import time
 from async_training import spread, toy_retriever
 
 from rsearch_verl.testing.latency_proxy import latency_proxy, serve
+from rsearch_verl.testing.turn_script import heavy_tail_env
 
 logger = logging.getLogger("streaming")
 MODES = {
@@ -52,6 +55,9 @@ MODES = {
 }
 WORKLOADS = {
     "readme": ["+recipe=search_r1_ppo"],
+    # the deep recipe (32 turns, folded contexts) driven by a scripted heavy tail: 0 to 16 searches a question,
+    # P(>= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py); the policy's weights do not matter, so no warm start
+    "tail": ["+recipe=deep_search_grpo", "data.train_batch_size=4", "model.sft_checkpoint=null"],
     # 4 prompts x 8 samples a step keeps a CPU step near the readme job's length
     "deep": ["+recipe=deep_search_grpo", "data.train_batch_size=4"],
 }
@@ -66,6 +72,8 @@ def run(workload: str, mode: str, args, url: str, out: str, tag: str) -> dict:
     cmd += [f"trainer.total_steps={args.steps}", f"trainer.run_dir={run_dir}", f"retriever.url={url}"]
     cmd += [f"data.toy_world.cache_dir={args.cache}", f"seed={args.seed}", *args.extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    if workload == "tail":
+        env.update(heavy_tail_env(max_searches=args.max_searches))
     start = time.perf_counter()
     with open(run_dir + ".log", "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -128,7 +136,8 @@ def report(results: list[dict]) -> tuple[float, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="+", default=["readme", "deep"], choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=["readme", "tail"], choices=list(WORKLOADS))
+    parser.add_argument("--max-searches", type=int, default=16, help="the tail workload's longest trajectories")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipelines filling)")
