@@ -9,8 +9,8 @@ each):
     stream2   the same at staleness 2
 Workloads:
     readme    the README's job (search_r1_ppo on the toy world, its cached warm start): short trajectories
-    tail      +recipe=deep_search_grpo (32 turns, folded contexts, GRPO 4 x 8) with a scripted heavy-tailed policy:
-              1 to 17 turns a trajectory, P(searches >= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py)
+    tail      +recipe=search_r1_grpo (GRPO 4 x 8, up to 17 turns) with a scripted heavy-tailed policy: 1 to 17 turns
+              a trajectory, P(searches >= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py)
     deep      the same recipe with its own warm-started policy on the deep world (its cached warm start)
 The turn distribution of each workload is printed.
 Every search goes through a proxy that waits `--latency-s` +- `--jitter-s` (rsearch_verl/testing/latency_proxy.py)
@@ -55,9 +55,19 @@ MODES = {
 }
 WORKLOADS = {
     "readme": ["+recipe=search_r1_ppo"],
-    # the deep recipe (32 turns, folded contexts) driven by a scripted heavy tail: 0 to 16 searches a question,
-    # P(>= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py); the policy's weights do not matter, so no warm start
-    "tail": ["+recipe=deep_search_grpo", "data.train_batch_size=4", "model.sft_checkpoint=null"],
+    # Search-R1 GRPO (4 prompts x 8) driven by a scripted heavy tail: 0 to 16 searches a question, P(>= s) = 1 / (s + 1)
+    # (rsearch_verl/testing/turn_script.py), one growing sequence (the script counts its searches in the context, so
+    # no folding); the policy's weights do not matter, so no warm start
+    "tail": [
+        "+recipe=search_r1_grpo",
+        "rollout.n=8",
+        "data.train_batch_size=4",
+        "rollout.max_turns=17",
+        "retriever.topk=1",
+        "rollout.max_obs_length=48",
+        "rollout.max_response_length=1400",
+        "model.sft_checkpoint=null",
+    ],  # fmt: skip
     # 4 prompts x 8 samples a step keeps a CPU step near the readme job's length
     "deep": ["+recipe=deep_search_grpo", "data.train_batch_size=4"],
 }

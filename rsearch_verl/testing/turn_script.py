@@ -9,7 +9,8 @@ which adds `install` as the job's `worker_process_setup_hook` (the way rsearch_v
 
 The number of searches of a question is a Pareto draw from the crc32 of its text: P(searches >= s) = 1 / (s + 1),
 cut at `max_searches`; every sample of a question (a GRPO group) searches as often. Each search asks the question's
-own text; after the last one the policy answers.
+own text; after the last one the policy answers. The script counts the searches in the context it is shown, so it
+needs the whole trajectory there: rollout.context.strategy=none (a folded context forgets older turns).
 
     env = {**os.environ, **heavy_tail_env(max_searches=16)}
     subprocess.run([sys.executable, "-m", "rsearch_verl.main", ..., "model.sft_checkpoint=null"], env=env)
