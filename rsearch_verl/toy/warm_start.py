@@ -42,6 +42,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
+from rsearch_verl.batch import last_rows
 from rsearch_verl.config import ModelConfig, RSearchConfig, WarmStartConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset, render_prompt
 from rsearch_verl.log_setup import setup_logging
@@ -71,7 +72,9 @@ class Skills:
     searched_em: float
     no_search_em: float
     temperature: float
-    n: int
+    n: int  # trajectories
+    answered: float = 0.0  # share of trajectories that gave an answer (a policy that keeps searching does not)
+    searches_mean: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
@@ -125,15 +128,20 @@ class SkillProbe:
         nt = generate_batch(
             self.engine, self.tokenizer, prompts, cfg, search=self.search, protocol=self.protocol
         ).non_tensor_batch
-        answers = [self.protocol.extract_answer([tuple(s) for s in segs]) or "" for segs in nt["segments"]]
-        em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)])
-        searched = nt["n_searches"].astype(int) > 0
+        last = last_rows(nt)  # one row per trajectory (a folded one has several)
+        segments, golds = nt["segments"][last], nt["ground_truth"][last]
+        answers = [self.protocol.extract_answer([tuple(s) for s in segs]) for segs in segments]
+        em = np.array([exact_match(a or "", list(g)) for a, g in zip(answers, golds, strict=True)])
+        searches = nt["n_searches"][last].astype(int)
+        searched = searches > 0
         return Skills(
             search_rate=float(searched.mean()),
             searched_em=float(em[searched].mean()) if searched.any() else 0.0,
             no_search_em=float(em[~searched].mean()) if (~searched).any() else 0.0,
             temperature=temperature,
             n=len(em),
+            answered=float(np.mean([a is not None for a in answers])),
+            searches_mean=float(searches.mean()),
         )
 
     def close(self) -> None:
@@ -141,7 +149,12 @@ class SkillProbe:
 
 
 class WarmStartError(RuntimeError):
-    """The curriculum ended without the skill RL needs; RL from such a policy would not learn to search."""
+    """The curriculum ended without the skill RL needs; RL from such a policy would not learn to search. `report`:
+    the curriculum's losses and probes so far."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
 
 
 def toy_demos(
@@ -188,14 +201,16 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, op
                 f"warm start: after {opts.copy_epochs} epochs the policy still does not copy answers out of what it "
                 f"retrieved (probe: {report['probes'][-1]}; wanted searched_em >= {opts.until_em} over >= "
                 f"{opts.min_searched} searching trajectories); RL from it would not learn. Try another "
-                "model.warm_start_seed."
+                "model.warm_start_seed.",
+                report,
             )
         demos = toy_demos(cfg, opts.n_demos, opts.p_no_search, seed, tokenizer, protocol)
         mix = dataclasses.replace(opts.sft, epochs=opts.mix_epochs, lr=opts.mix_lr, seed=seed)
         report["loss"] += train_sft(model, tokenizer, demos, mix, dtype=dtype)
         last = measured("mix", opts.mix_epochs, report["loss"][-1])
         if last["searched_em"] < opts.mix_keeps_em:
-            raise WarmStartError(f"warm start: the mix phase undid the copying (probe: {last}); RL would not learn")
+            message = f"warm start: the mix phase undid the copying (probe: {last}); RL would not learn"
+            raise WarmStartError(message, report)
         report["greedy"] = probe(0.0).as_dict()
         logger.info("warm start greedy probe: %s", report["greedy"])
     finally:
@@ -248,7 +263,13 @@ def build(cfg: RSearchConfig, out: str) -> dict:
     seed = cfg.model.warm_start_seed
     model, tokenizer = load_policy(cfg, seed=seed)
     # the probes roll out with the run's protocol, rebuilt here from the same config (one per process)
-    report = train_toy(model, tokenizer, cfg, protocol_for(cfg), cfg.warm_start, seed)
+    try:
+        report = train_toy(model, tokenizer, cfg, protocol_for(cfg), cfg.warm_start, seed)
+    except WarmStartError as err:  # kept for inspection (never reused: the cache looks for `out` only)
+        failed = out.rstrip("/") + ".failed"
+        save_hf(model, tokenizer, failed, extra_files={REPORT_FILE: json.dumps(err.report, indent=1)})
+        logger.error("warm start: the policy it ended with and its probes are kept at %s", failed)
+        raise
     save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
     return report
 

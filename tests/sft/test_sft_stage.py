@@ -2,6 +2,7 @@
 demonstrations; the toy world's warm start measures its skills with a probe through the real agent loop, fails loudly
 without them, and is built once per world and warm-start seed (not per RL seed) and reused from its cache."""
 
+import glob
 import importlib.util
 import os
 
@@ -116,6 +117,9 @@ def test_skill_probe_measures_searching_and_reading(tmp_path, right, search, exp
         probe.close()
     assert skills.n == 8 and sum(q["hops"] == 2 for q in probe.questions) == 4
     assert (skills.search_rate, skills.searched_em, skills.no_search_em) == expected
+    assert skills.answered == 1.0  # every scripted trajectory ends in an answer
+    hops = [q["hops"] for q in probe.questions]
+    assert skills.searches_mean == (sum(hops) / len(hops) if search else 0.0)
 
 
 def test_warm_start_fails_loudly_without_the_skill(tmp_path):
@@ -123,6 +127,9 @@ def test_warm_start_fails_loudly_without_the_skill(tmp_path):
     cfg = _cfg(tmp_path, "warm_start.n_demos=16", "warm_start.copy_epochs=1", "warm_start.probe_questions=4")
     with pytest.raises(WarmStartError, match="does not copy answers"):
         warm_start(cfg)
+    # the policy it ended with and its probes are kept for inspection, beside the cache (which ignores them)
+    (failed,) = glob.glob(os.path.join(cfg.data.toy_world.cache_dir, "warm_start", "*.failed"))
+    assert read_report(failed)["probes"][-1]["n"] == 4
 
 
 def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path, monkeypatch):
