@@ -8,8 +8,9 @@ decode, stop-string and log-prob path) in every rollout worker: `RAY_RUNTIME_ENV
 which adds `install` as the job's `worker_process_setup_hook` (the way rsearch_verl/testing/faults.py injects a NaN).
 
 The number of searches of a question is a Pareto draw from the crc32 of its text: P(searches >= s) = 1 / (s + 1),
-cut at `max_searches`; every sample of a question (a GRPO group) searches as often. Each search asks the question's
-own text; after the last one the policy answers. The script counts the searches in the context it is shown, so it
+cut at `max_searches`; every sample of a question (a GRPO group) searches as often. Search k asks the question's
+text followed by k (distinct queries: a search client's cache does not shorten the tail); after the last one the
+policy answers. The script counts the searches in the context it is shown, so it
 needs the whole trajectory there: rollout.context.strategy=none (a folded context forgets older turns).
 
     env = {**os.environ, **heavy_tail_env(max_searches=16)}
@@ -52,8 +53,9 @@ def heavy_tail_script(max_searches: int) -> Callable[[str], str]:
         found = list(re.finditer(r"Question: (.*)", ctx))
         question = found[-1].group(1).strip() if found else ""
         response = ctx[found[-1].end() :] if found else ctx  # the instruction itself shows a search tag
-        if response.count("</search>") < searches_for(question, max_searches):
-            return f"<search> {question} </search>"
+        done = response.count("</search>")
+        if done < searches_for(question, max_searches):  # each query its own: no search cache hit shortens the tail
+            return f"<search> {question} {done + 1} </search>"
         return "<answer> unknown </answer>"
 
     return script
