@@ -11,6 +11,10 @@ between two decode steps; with `wait` they are parked until the running batch ha
 before the engine holds at least the policy version the driver asks for (`meta_info["min_version"]`), which is how
 the staleness bound holds. `idle_seconds()` reports the time the worker spent not generating.
 
+With trainer.rollout_mode=streaming the driver calls `stream_submit` / `stream_poll` / `stream_abort` /
+`stream_reset` on each worker's handle: the worker's trajectory stream (rsearch_verl/rollout/stream.py) keeps a pool
+of trajectories generating on the same engine, and validation batches run beside it on the stream's loop.
+
 Every worker pads its chunk to the same widths (data.max_prompt_length, rollout.max_response_length), so the
 chunks concatenate in the driver, which then trims the all-padding columns (`rsearch_verl.batch.trim_padding`).
 
