@@ -95,6 +95,17 @@ def run(staleness: int, args, url: str, out: str, tag: str) -> dict:
     }
 
 
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The options every main-job timing benchmark takes: search latency, seed, cache, output, report, overrides."""
+    parser.add_argument("--latency-s", type=float, default=1.0)
+    parser.add_argument("--jitter-s", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cache", default=os.path.expanduser("~/.cache/rsearch_verl/toy_world"))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--report", default=None, help="print the table(s) of a finished run dir (its results.jsonl)")
+    parser.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} ({min(values):.2f}..{max(values):.2f})"
 
@@ -137,13 +148,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipeline filling)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--latency-s", type=float, default=1.0)
-    parser.add_argument("--jitter-s", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--cache", default=os.path.expanduser("~/.cache/rsearch_verl/toy_world"))
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--report", default=None, help="print the table of a finished run dir (its results.jsonl)")
-    parser.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
+    add_run_args(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.report:

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from async_training import spread, toy_retriever
+from async_training import add_run_args, spread, toy_retriever
 
 from rsearch_verl.testing.latency_proxy import latency_proxy, serve
 from rsearch_verl.testing.turn_script import heavy_tail_env
@@ -153,13 +153,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipelines filling)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--latency-s", type=float, default=1.0)
-    parser.add_argument("--jitter-s", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--cache", default=os.path.expanduser("~/.cache/rsearch_verl/toy_world"))
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--report", default=None, help="print the tables of a finished run dir (its results.jsonl)")
-    parser.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
+    add_run_args(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the proxy's client logs every search
