@@ -26,9 +26,9 @@ N = 3  # samples per group
 
 def searches_script(ctx: str) -> str:
     """Search `searches=K` times (K from the question), then answer."""
-    want = int(re.search(r"searches=(\d+)", ctx).group(1))
-    if ctx.count("</search>") < want:
-        return "<search> who wrote hamlet </search>"
+    want, done = int(re.search(r"searches=(\d+)", ctx).group(1)), ctx.count("</search>")
+    if done < want:  # distinct queries: the search client's cache would answer a repeated one at once
+        return f"<search> who wrote hamlet {done} </search>"
     return "<answer> Shakespeare </answer>"
 
 
@@ -117,11 +117,13 @@ def test_weight_update_mid_stream_is_a_partial_rollout(engine, tok, model, slow_
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         stream.submit(_groups(tok, [8]))
-        deadline = time.monotonic() + 60
+        early, deadline = [], time.monotonic() + 60
         while time.monotonic() < deadline:  # a few turns in: at least one search done
-            _, state = stream.poll(wait_s=0.05)
-            if state["in_flight"] and state["in_flight"][0][1] is not None and state["busy_s"] > 0.5:
+            finished, state = stream.poll(wait_s=0.05)
+            early += finished
+            if early or (state["in_flight"] and state["in_flight"][0][1] is not None and state["busy_s"] > 0.5):
                 break
+        assert not early, "the group finished before the weight update"
         engine.load_weights(weights, version=1)  # the same values: only the version tag changes
         (batch,) = _collect(stream, 1)
     finally:
