@@ -123,7 +123,7 @@ class StreamingPipeline:
         if not self._draws:
             return self.loader.state_dict()
         oldest = min(self._draws)
-        trained = sorted(u for d, draw in self._draws.items() for u in draw.uids if u in self._trained)
+        trained = sorted(u for draw in self._draws.values() for u in draw.uids if u in self._trained)
         return {**self._draws[oldest].loader_before, "trained_uids": trained}
 
     def load_state(self, state: dict) -> None:
@@ -133,6 +133,7 @@ class StreamingPipeline:
     def discard(self) -> None:
         """Forget everything not yet trained (rollback, resume): cancel the streams, rewind the loader."""
         state = self.resume_state()
+        self._counts["lost_reset"] += len(self._done) * self.n  # finished, never trained
         for i in self._live():
             self._counts["lost_reset"] += self._call(i, "stream_reset")
         self._todo.clear(), self._out.clear(), self._done.clear(), self._in_flight.clear()
