@@ -75,9 +75,12 @@ class Skills:
     n: int  # trajectories
     answered: float = 0.0  # share of trajectories that gave an answer (a policy that keeps searching does not)
     searches_mean: float = 0.0
+    searched_em_by_hops: dict[int, float] = dataclasses.field(default_factory=dict)  # EM of searching ones, per hops
 
     def as_dict(self) -> dict[str, float]:
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+        out = {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+        out["searched_em_by_hops"] = {h: round(v, 4) for h, v in self.searched_em_by_hops.items()}
+        return out
 
 
 class SkillProbe:
@@ -88,11 +91,14 @@ class SkillProbe:
     def __init__(self, cfg: RSearchConfig, model, tokenizer, n_questions: int, protocol: SearchProtocol, engine=None):
         side = practice_sides(build_toy_world(cfg.data.toy_world), 1, seed=PROBE_SEED)[0]
         rng = random.Random(PROBE_SEED)
-        tw = cfg.data.toy_world  # the world's mix of hops (the default world: half 2-hop)
+        tw = cfg.data.toy_world  # the world's mix of hops (the default world: half 2-hop; the deep one: 70 % 4-6 hop)
         n_three = min(len(side.three_hop), int(n_questions * tw.three_hop_share))
         n_two = min(len(side.two_hop), int(n_questions * tw.two_hop_share))
-        questions = rng.sample(side.one_hop, n_questions - n_two - n_three) + rng.sample(side.two_hop, n_two)
+        n_deep = min(len(side.deep), int(n_questions * tw.deep_share))
+        questions = rng.sample(side.one_hop, n_questions - n_two - n_three - n_deep) + rng.sample(side.two_hop, n_two)
         questions += rng.sample(side.three_hop, n_three)
+        if n_deep:
+            questions += rng.sample(side.deep, n_deep)
         self.questions = questions
         self.protocol = protocol
         rows = [
@@ -134,6 +140,8 @@ class SkillProbe:
         em = np.array([exact_match(a or "", list(g)) for a, g in zip(answers, golds, strict=True)])
         searches = nt["n_searches"][last].astype(int)
         searched = searches > 0
+        hops = np.array([self.questions[int(str(uid).rsplit("-", 1)[1])]["hops"] for uid in nt["uid"][last]])
+        by_hops = {int(h): float(em[searched & (hops == h)].mean()) for h in np.unique(hops[searched])}
         return Skills(
             search_rate=float(searched.mean()),
             searched_em=float(em[searched].mean()) if searched.any() else 0.0,
@@ -142,6 +150,7 @@ class SkillProbe:
             n=len(em),
             answered=float(np.mean([a is not None for a in answers])),
             searches_mean=float(searches.mean()),
+            searched_em_by_hops=by_hops,
         )
 
     def close(self) -> None:

@@ -81,7 +81,7 @@ def test_sft_lowers_loss(tmp_path):
     assert history[-1] < history[0] * 0.75, history
 
 
-def _scripted_probe(cfg, answer_right: bool, search: bool):
+def _scripted_probe(cfg, answer_right: bool, search: bool, n_questions: int = 8):
     """A probe whose engine writes the toy world's ideal trajectory (or a wrong answer / no search)."""
     from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
     from rsearch_verl.toy.demos import question_attrs
@@ -100,7 +100,7 @@ def _scripted_probe(cfg, answer_right: bool, search: bool):
         return f"<think> ok </think>\n<answer> {answer} </answer>"
 
     engine = ScriptedHFEngine(model, tok, script)
-    holder["probe"] = SkillProbe(cfg, model, tok, n_questions=8, protocol=protocol_for(cfg), engine=engine)
+    holder["probe"] = SkillProbe(cfg, model, tok, n_questions=n_questions, protocol=protocol_for(cfg), engine=engine)
     return holder["probe"]
 
 
@@ -120,6 +120,24 @@ def test_skill_probe_measures_searching_and_reading(tmp_path, right, search, exp
     assert skills.answered == 1.0  # every scripted trajectory ends in an answer
     hops = [q["hops"] for q in probe.questions]
     assert skills.searches_mean == (sum(hops) / len(hops) if search else 0.0)
+    assert skills.searched_em_by_hops == ({1: expected[1], 2: expected[1]} if search else {})
+
+
+def test_skill_probe_asks_the_deep_worlds_chains(tmp_path):
+    # the deep world's probe asks its mix of hops (70 % 4-6 hop chains), and reports each hop count's EM; no fold here
+    cfg = load_config(["+recipe=deep_search_grpo", "model.sft_checkpoint=null", f"data.toy_world.cache_dir={tmp_path}",
+                       "rollout.context.strategy=none", "model.tiny.max_position_embeddings=1024",
+                       "rollout.max_response_length=800"])  # fmt: skip
+    cfg = RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg)
+    probe = _scripted_probe(cfg, answer_right=True, search=True, n_questions=10)
+    try:
+        skills = probe(1.0)
+    finally:
+        probe.close()
+    hops = sorted(q["hops"] for q in probe.questions)
+    assert sum(h >= 4 for h in hops) == 7 and hops[0] == 1
+    assert skills.searched_em == 1.0 and skills.searched_em_by_hops == dict.fromkeys(sorted(set(hops)), 1.0)
+    assert skills.searches_mean == sum(hops) / len(hops)
 
 
 def test_warm_start_fails_loudly_without_the_skill(tmp_path):
