@@ -203,7 +203,8 @@ class RetrieverConfig(ConfigNode):
 class OffPolicyConfig(ConfigNode):
     """Correction for samples from an older policy (rsearch_verl/algos/off_policy.py, docs/async_training.md)."""
 
-    # auto: none when trainer.max_staleness == 0, decoupled otherwise | none | decoupled | tis
+    # auto: decoupled when trainer.max_staleness > 0; else tis when model.dtype is not float32 (the rollout engine and
+    # the actor round differently in low precision: docs/real_models.md); else none | none | decoupled | tis
     mode: str = "auto"
     is_cap: float = 2.0  # decoupled: tokens whose weight exceeds it get none; tis: weights are clipped to it
 
@@ -424,10 +425,14 @@ class RSearchConfig(ConfigNode):
 
     @property
     def off_policy_mode(self) -> str:
-        """algorithm.off_policy.mode with `auto` resolved: a correction exactly when samples can be stale."""
+        """algorithm.off_policy.mode with `auto` resolved: a correction exactly when the behaviour policy can differ
+        from the proximal one: stale samples (decoupled), or a low-precision compute dtype, in which the engine's
+        KV-cache decode and the actor's full forward round differently (tis, verl's rollout correction)."""
         mode = self.algorithm.off_policy.mode
         if mode == "auto":
-            return "decoupled" if self.trainer.max_staleness > 0 else "none"
+            if self.trainer.max_staleness > 0:
+                return "decoupled"
+            return "none" if self.model.dtype == "float32" else "tis"
         return mode
 
     @property

@@ -104,6 +104,9 @@ def test_async_config_is_validated():
         cfg(max_staleness=1)
     assert cfg(max_staleness=1, placement="split").off_policy_mode == "decoupled"  # auto: on when samples can be stale
     assert cfg(max_staleness=0, placement="split").off_policy_mode == "none"
+    # synchronous in low precision: the engine's decode and the actor's forward round differently -> TIS by default
+    bf16 = from_omegaconf({"rollout": {"n": 2}, "model": {"dtype": "bfloat16"}, "algorithm": {"off_policy": {}}})
+    assert bf16.off_policy_mode == "tis" and RSearchConfig().off_policy_mode == "none"
     with pytest.raises(ConfigError, match="mid_trajectory_update"):
         cfg(max_staleness=1, placement="split", mid_trajectory_update="sometimes")
     off_policy = {"mode": "bogus"}
