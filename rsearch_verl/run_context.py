@@ -36,7 +36,8 @@ PUBLISHED = "published"  # under the run directory
 
 @dataclasses.dataclass(frozen=True)
 class RunContext:
-    # the toy world's own tokenizer; used only when the recipe leaves model.tokenizer_path unset
+    # the toy world's own tokenizer; used only when the recipe leaves model.tokenizer_path unset (and model.family is
+    # qwen2)
     tokenizer_path: str | None = None
     # the warm start's HF directory (what model.sft_checkpoint=auto resolved to), or any SFT checkpoint
     sft_checkpoint: str | None = None
@@ -50,7 +51,9 @@ class RunContext:
         model: dict = {}
         if self.model_path is not None:
             model.update(path=self.model_path, sft_checkpoint=None)
-        if self.tokenizer_path is not None and cfg.model.tokenizer_path is None:
+        # the toy world's tokenizer is a ChatML BPE, the tiny qwen2 policy's; the other families keep their own
+        # (special tokens and chat template: rsearch_verl/model_families.py)
+        if self.tokenizer_path is not None and cfg.model.tokenizer_path is None and cfg.model.family in (None, "qwen2"):
             model["tokenizer_path"] = self.tokenizer_path
         if self.sft_checkpoint is not None:
             model["sft_checkpoint"] = self.sft_checkpoint

