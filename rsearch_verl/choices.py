@@ -32,7 +32,7 @@ PROTOCOL_KWARGS: dict[str, tuple[str, ...]] = {
     "r_search": (),
     "research": (),
     "search_r1": (),
-    "tool_call": ("enable_thinking", "max_queries"),
+    "tool_call": ("enable_thinking", "max_queries", "call_format"),
 }
 
 # reward.name -> the reward.kwargs it accepts (the reward function's keyword-only parameters, in order)

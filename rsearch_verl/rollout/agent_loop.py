@@ -150,7 +150,8 @@ async def run_trajectory(
         if action.kind == "answer":
             traj.finish_reason = "answer"
             break
-        if action.kind not in ("search", "invalid") or out.finish_reason != "stop":
+        ends_call = out.finish_reason == "stop" or (out.finish_reason == "eos" and protocol.eos_ends_call)
+        if action.kind not in ("search", "invalid") or not ends_call:
             traj.finish_reason = _engine_finish(out, by_context)
             break
         if turn == rc.max_turns - 1:  # no turn left to read the results: do not search for nothing

@@ -56,8 +56,22 @@ def get_protocol(name: str, **kwargs: Any) -> SearchProtocol:
 def protocol_for(cfg) -> SearchProtocol:
     """The run's protocol: `rollout.protocol` built with `rollout.protocol_kwargs` (`cfg`: an RSearchConfig, not
     imported: the config validates its names against this registry). Call it once per process and hand the instance
-    down (a protocol may hold per-tokenizer state: tool_call's observation frame)."""
-    return get_protocol(cfg.rollout.protocol, **cfg.rollout.protocol_kwargs)
+    down (a protocol may hold per-tokenizer state: tool_call's observation frame).
+
+    The model's conventions reach the protocol here, unless its kwargs say otherwise: `model.thinking` becomes the
+    chat template's `enable_thinking` (every protocol's prompts and, for tool_call, its observation frames), and
+    tool_call's `call_format` follows `model.family` (llama3 -> llama3_json, qwen2 / qwen3 -> hermes)."""
+    kwargs = dict(cfg.rollout.protocol_kwargs)
+    thinking = cfg.model.thinking if cfg.model.use_chat_template else None
+    if cfg.rollout.protocol == "tool_call":
+        if thinking is not None:
+            kwargs.setdefault("enable_thinking", thinking)
+        if cfg.model.family is not None:
+            kwargs.setdefault("call_format", "llama3_json" if cfg.model.family == "llama3" else "hermes")
+    proto = get_protocol(cfg.rollout.protocol, **kwargs)
+    if thinking is not None and "enable_thinking" not in proto.chat_template_kwargs:
+        proto.chat_template_kwargs = {**proto.chat_template_kwargs, "enable_thinking": thinking}
+    return proto
 
 
 __all__ = [

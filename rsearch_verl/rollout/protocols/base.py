@@ -53,6 +53,7 @@ class SearchProtocol(ABC):
     observation_close: str = ""
     tools: list[dict[str, Any]] = []  # tool declarations for the chat template's `tools` (tool-call protocols)
     chat_template_kwargs: dict[str, Any] = {}  # extra chat-template variables (e.g. Qwen3's enable_thinking)
+    eos_ends_call: bool = False  # a turn that ends with EOS may still be a call (Llama 3's `<|eot_id|>` after JSON)
 
     def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:  # noqa: B027 - optional hook
         """Adapt text that depends on the model's chat template; `chat`: the prompts went through that template.

@@ -3,7 +3,8 @@ the chat template's `tools`; the policy writes `<tool_call>{"name": "search", "a
 </tool_call>`; results come back inside `<tool_response>…</tool_response>`, framed the way the model's own template
 frames a tool turn; the final answer is `<answer>…</answer>` (Search-R1's EM reward reads it).
 
-    proto = get_protocol("tool_call")                 # kwargs: enable_thinking (Qwen3 templates), max_queries
+    proto = get_protocol("tool_call")                 # kwargs: enable_thinking (Qwen3 templates), max_queries,
+                                                      # call_format (hermes | llama3_json | auto: the tokenizer's)
     proto.build_prompt(q, "instruct")                 # [system, user] messages; `proto.tools` goes to the template
     render_prompt(messages, tokenizer, proto.tools)   # rsearch_verl.data.dataset: tools declared by the template,
                                                       # or in the system message when the template ignores them
@@ -19,6 +20,11 @@ renders a plain `tool` turn) gets `<tool_response>` tags around the content. Wit
 the observation is inline: `\\n<tool_response>\\n…\\n</tool_response>\\n`. Either way every observation token is
 inserted by the environment (response_mask 0); a `<tool_response>` the policy writes itself is sampled text (mask 1).
 
+How the call itself is written is the call format's (rsearch_verl/rollout/protocols/call_formats.py): the Hermes
+`<tool_call>` above, or Llama 3's bare JSON `{"name": "search", "parameters": {...}}` ended by the model's own
+`<|eom_id|>` / `<|eot_id|>` and answered in an `ipython` turn (the observation then starts after that end token).
+`protocol_for(cfg)` picks it from `model.family`; `call_format=auto` from the bound tokenizer.
+
 Parsing never raises: malformed JSON, an unknown tool, missing or empty arguments, a call without its opening tag
 or a call inside an unclosed `<think>` (reasoning; Qwen3's parsers do not execute calls there) become an "invalid"
 action whose observation says what was wrong and shows the expected form. Reasoning is handled as the templates do:
@@ -28,18 +34,17 @@ complete `<think>…</think>` blocks are not searched for calls or answers, and 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
 
 from rsearch_verl.formats import extract_tag
 from rsearch_verl.rollout.protocols.base import Action
-from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS, TagSearchProtocol
+from rsearch_verl.rollout.protocols.call_formats import CALL_FORMATS, HermesFormat, call_format, call_format_for
+from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
 
 logger = logging.getLogger(__name__)
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 INLINE_FRAME = (f"\n{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}\n")  # no chat template: the response sits in the text
@@ -67,18 +72,13 @@ TOOL_CALL_INSTRUCTIONS = (
 
 
 def example_call(query: str = "...") -> str:
-    return f"{CALL_OPEN}\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + f"\n{CALL_CLOSE}"
+    """A Hermes-style call (the default format's)."""
+    return HermesFormat().example_call(query)
 
 
 def tool_declaration(tools: list[dict[str, Any]]) -> str:
-    """The tools as system-prompt text, for prompts whose chat template ignores `tools` and for base prompts."""
-    signatures = "\n".join(json.dumps(t) for t in tools)
-    return (
-        "# Tools\n\nYou may call the functions below. Their signatures are inside <tools></tools>:\n"
-        f"<tools>\n{signatures}\n</tools>\n\nTo call a function, write a JSON object with its name and arguments "
-        'inside <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
-        "<args-json-object>}\n</tool_call>"
-    )
+    """The tools as system-prompt text (Hermes style), for prompts whose chat template ignores `tools`."""
+    return HermesFormat().declaration(tools)
 
 
 def declare_tools(messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -104,9 +104,12 @@ def reasoning_removed(text: str) -> str:
     return _THINK_BLOCK.sub(" ", text)
 
 
-def chat_tool_frame(tokenizer, tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> tuple[str, str] | None:
+def chat_tool_frame(
+    tokenizer, tools: list[dict[str, Any]], template_kwargs: dict[str, Any], raw: bool = False
+) -> tuple[str, str] | None:
     """(before, after): the text the chat template writes around a tool message's content, from the end of an
-    assistant message to the next generation prompt; None when the template does not render a tool turn."""
+    assistant message to the next generation prompt; None when the template does not render a tool turn. Unless
+    `raw`, `<tool_response>` tags are added when the template writes none."""
     call, content = "\u2063CALL\u2063", "\u2063CONTENT\u2063"  # invisible separators: never in a real template
     messages = [
         {"role": "user", "content": "question"},
@@ -123,90 +126,95 @@ def chat_tool_frame(tokenizer, tools: list[dict[str, Any]], template_kwargs: dic
     if text.count(call) != 1 or text.count(content) != 1 or text.index(call) > text.index(content):
         return None
     before, after = text.split(call, 1)[1].split(content, 1)
-    if RESPONSE_OPEN not in before:  # a plain `tool` turn (SmolLM2): the content gets the tags itself
+    if not raw and RESPONSE_OPEN not in before:  # a plain `tool` turn (SmolLM2): the content gets the tags itself
         before, after = f"{before}{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}{after}"
     return before, after
 
 
 class ToolCallProtocol(TagSearchProtocol):
-    """Search as a JSON tool call; GRPO recipe `search_r1_toolcall_grpo` (EM reward on `<answer>`)."""
+    """Search as a JSON tool call; GRPO recipe `search_r1_toolcall_grpo` (EM reward on `<answer>`).
+
+    `call_format`: how the call is written (rsearch_verl/rollout/protocols/call_formats.py): hermes | llama3_json |
+    auto (the bound tokenizer's family: Llama 3's tokens -> llama3_json, else hermes; hermes until one is bound).
+    `protocol_for(cfg)` resolves auto from `model.family` before any prompt is built."""
 
     name = "tool_call"
-    stop_strings = [CALL_CLOSE, "</answer>"]
+    # the class's are the Hermes format's; an instance's are its format's (set in __init__ / bind_tokenizer)
+    stop_strings = HermesFormat.stop_strings
+    # (think, call, answer) of a demonstration turn (rsearch_verl/toy/demos.py)
+    demo_format = ("<think> {t} </think>\n", HermesFormat.demo_call, "<answer> {a} </answer>")
     observation_open = RESPONSE_OPEN
     observation_close = RESPONSE_CLOSE
     system_prompt = TOOL_CALL_INSTRUCTIONS
-    demo_format = (
-        "<think> {t} </think>\n",
-        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>',
-        "<answer> {a} </answer>",
-    )
 
-    def __init__(self, enable_thinking: bool | None = None, max_queries: int = 3):
+    def __init__(self, enable_thinking: bool | None = None, max_queries: int = 3, call_format: str = "auto"):
         if max_queries < 1:
             raise ValueError(f"tool_call: max_queries must be >= 1, got {max_queries}")
+        if call_format != "auto" and call_format not in CALL_FORMATS:
+            raise ValueError(f"tool_call: call_format {call_format!r} is not one of {['auto', *CALL_FORMATS]}")
         self.tools = [SEARCH_TOOL]
         # Qwen3's template reads `enable_thinking`; other templates ignore unknown variables
         self.chat_template_kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
         self.max_queries = max_queries
+        self.call_format = call_format
+        self.format = self._format_named("hermes" if call_format == "auto" else call_format)
         self.frame = INLINE_FRAME
+        self.template_frame: tuple[str, str] | None = None  # the template's own text around a tool message's content
         self._bound: tuple[int, bool] | None = None
+
+    def _format_named(self, name: str):
+        fmt = call_format(name, self.max_queries)
+        self.stop_strings = list(fmt.stop_strings)
+        self.eos_ends_call = fmt.eos_ends_call
+        self.demo_format = ("<think> {t} </think>\n", fmt.demo_call, "<answer> {a} </answer>")
+        return fmt
 
     # ---- prompts ----------------------------------------------------------------------------------------------
     def base_prompt(self, question: str) -> str:
-        return f"{self.system_prompt}\n\n{tool_declaration(self.tools)}\n\nQuestion: {question}\n"
+        return f"{self.system_prompt}\n\n{self.format.declaration(self.tools)}\n\nQuestion: {question}\n"
 
     def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:
         key = (id(tokenizer), bool(chat))
         if key == self._bound:
             return
-        frame = chat_tool_frame(tokenizer, self.tools, self.chat_template_kwargs) if chat else None
-        self.frame = frame or INLINE_FRAME
+        if self.call_format == "auto":
+            self.format = self._format_named(call_format_for(tokenizer))
+        frame = chat_tool_frame(tokenizer, self.tools, self.chat_template_kwargs, raw=True) if chat else None
+        self.template_frame = frame
+        self.frame = self._observation_frame(frame) if frame else INLINE_FRAME
         self._bound = key
+
+    def _observation_frame(self, frame: tuple[str, str]) -> tuple[str, str]:
+        """The observation's text around a result: the template's frame, with `<tool_response>` tags added when the
+        template has none, and without the end-of-message token a format's policy samples itself (Llama 3)."""
+        before, after = frame
+        if RESPONSE_OPEN not in before:  # a plain `tool` / `ipython` turn: the content gets the tags itself
+            before, after = f"{before}{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}{after}"
+        end = next((e for e in self.format.sampled_turn_ends if before.startswith(e)), None)
+        return (before[len(end) :] if end else before), after
+
+    def tool_content(self, observation: str) -> str | None:
+        """The `tool` message content the chat template frames as `observation` (the round-trip check re-renders
+        it: rsearch_verl/rollout/round_trip.py), or None when `observation` is not framed the template's way."""
+        if self.template_frame is None:
+            return None
+        before, after = self._observation_frame(self.template_frame)
+        if not (observation.startswith(before) and observation.endswith(after)):
+            return None
+        content = observation[len(before) : len(observation) - len(after)]
+        if RESPONSE_OPEN not in self.template_frame[0]:
+            content = f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
+        return content
 
     # ---- parsing ----------------------------------------------------------------------------------------------
     def parse_turn(self, turn_text: str) -> Action:
         text = reasoning_removed(turn_text).rstrip()
-        if text.endswith(CALL_CLOSE):
-            return self._parse_call(text[: -len(CALL_CLOSE)])
+        if not text.endswith("</answer>"):
+            call = self.format.parse(text)
+            if call is not None:
+                return call
         answer = self.answer_in(text)
         return Action(kind="answer", answer=answer) if answer is not None else Action(kind="none")
-
-    def _parse_call(self, body: str) -> Action:
-        start = body.rfind(CALL_OPEN)
-        if start < 0:
-            return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
-        if THINK_OPEN in body[:start]:  # unclosed <think> before the call: still reasoning
-            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
-        raw = body[start + len(CALL_OPEN) :].strip()
-        try:
-            call = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            return Action(kind="invalid", error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})")
-        except (ValueError, RecursionError):  # a number too long to convert, nesting too deep
-            return Action(kind="invalid", error="the tool call is not a JSON object this parser accepts")
-        if not isinstance(call, dict):
-            return Action(kind="invalid", error='the tool call must be a JSON object {"name": …, "arguments": …}')
-        if call.get("name") != "search":
-            return Action(kind="invalid", error=f"unknown tool {call.get('name')!r}; the only tool is 'search'")
-        return self._search_action(call.get("arguments"))
-
-    def _search_action(self, args: Any) -> Action:
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                return Action(kind="invalid", error="'arguments' is a string that is not a JSON object")
-        if not isinstance(args, dict) or "query" not in args:
-            return Action(kind="invalid", error='the search tool needs "arguments": {"query": "..."}')
-        query = args["query"]
-        queries = query if isinstance(query, list) else [query]
-        if not queries or len(queries) > self.max_queries or not all(isinstance(q, str) for q in queries):
-            return Action(kind="invalid", error=f"'query' must be a string (or a list of <= {self.max_queries})")
-        queries = [" ".join(q.split())[:MAX_QUERY_CHARS] for q in queries]
-        if not all(queries):
-            return Action(kind="invalid", error="empty search query")
-        return Action(kind="search", queries=queries)
 
     # ---- observations -----------------------------------------------------------------------------------------
     def wrap(self, body: str) -> str:
@@ -215,7 +223,7 @@ class ToolCallProtocol(TagSearchProtocol):
 
     def invalid_text(self, action: Action) -> str:
         return (
-            f"Invalid tool call ({action.error}). To search, write {example_call()}; to finish, write "
+            f"Invalid tool call ({action.error}). To search, write {self.format.example_call()}; to finish, write "
             "<answer> answer </answer>."
         )
 

@@ -1,0 +1,150 @@
+"""How a model family writes a JSON tool call: one object per format owns its stop strings, its parser, the example and
+declaration texts the policy is shown and the demonstration's call. `ToolCallProtocol` (tool_call.py) holds one.
+
+    hermes       Qwen2.5 / Qwen3 / SmolLM2 (Hermes style):
+                 <tool_call>\\n{"name": "search", "arguments": {"query": "..."}}\\n</tool_call>
+                 generation stops at `</tool_call>`; the template closes the assistant turn (`<|im_end|>`) itself
+    llama3_json  Llama 3.1 / 3.2 (JSON tool calling): {"name": "search", "parameters": {"query": "..."}}, optionally
+                 after `<|python_tag|>`, ended by the model's own `<|eom_id|>` (a stop string) or `<|eot_id|>` (EOS);
+                 results come back in an `ipython` turn. The end token is sampled (policy text), so the observation
+                 starts after it, with the ipython header
+
+    fmt = call_format("llama3_json")
+    fmt.parse(text)      # an Action (search / invalid) when `text` (reasoning removed) holds a call, else None
+    fmt.example_call("q"), fmt.declaration(tools), fmt.demo_call, fmt.stop_strings, fmt.eos_ends_call
+
+`call_format_for(tokenizer)` names the format of a tokenizer's family (Llama 3's header tokens -> llama3_json). Parsing
+never raises: broken JSON, a non-object, an unknown tool, missing / empty / non-string arguments and a call inside an
+unclosed `<think>` are "invalid" actions whose observation says what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rsearch_verl.rollout.protocols.base import Action
+from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN = "<think>"
+ANSWER_CLOSE = "</answer>"
+LLAMA3_MARKERS = ("<|start_header_id|>", "<|eom_id|>", "<|python_tag|>")  # a tokenizer with these writes llama3_json
+
+
+def search_action(args: Any, max_queries: int, key: str) -> Action:
+    """The search action of a call's arguments (`key`: what the format calls them), or an invalid action saying why."""
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return Action(kind="invalid", error=f"'{key}' is a string that is not a JSON object")
+    if not isinstance(args, dict) or "query" not in args:
+        return Action(kind="invalid", error=f'the search tool needs "{key}": {{"query": "..."}}')
+    query = args["query"]
+    queries = query if isinstance(query, list) else [query]
+    if not queries or len(queries) > max_queries or not all(isinstance(q, str) for q in queries):
+        return Action(kind="invalid", error=f"'query' must be a string (or a list of <= {max_queries})")
+    queries = [" ".join(q.split())[:MAX_QUERY_CHARS] for q in queries]
+    if not all(queries):
+        return Action(kind="invalid", error="empty search query")
+    return Action(kind="search", queries=queries)
+
+
+def _call_action(raw: str, key: str, max_queries: int) -> Action:
+    """The action of one JSON call object `raw` (whole text, nothing after it)."""
+    try:
+        call = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return Action(kind="invalid", error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})")
+    except (ValueError, RecursionError):  # a number too long to convert, nesting too deep
+        return Action(kind="invalid", error="the tool call is not a JSON object this parser accepts")
+    if not isinstance(call, dict):
+        return Action(kind="invalid", error=f'the tool call must be a JSON object {{"name": …, "{key}": …}}')
+    if call.get("name") != "search":
+        return Action(kind="invalid", error=f"unknown tool {call.get('name')!r}; the only tool is 'search'")
+    return search_action(call.get(key), max_queries, key)
+
+
+class HermesFormat:
+    name = "hermes"
+    stop_strings = [CALL_CLOSE, ANSWER_CLOSE]
+    eos_ends_call = False  # a call ends at `</tool_call>`; EOS ends the trajectory
+    sampled_turn_ends: tuple[str, ...] = ()  # the policy samples no end-of-message token before the tool turn
+    demo_call = '<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>'
+
+    def __init__(self, max_queries: int = 3):
+        self.max_queries = max_queries
+
+    def example_call(self, query: str = "...") -> str:
+        return f"{CALL_OPEN}\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + f"\n{CALL_CLOSE}"
+
+    def declaration(self, tools: list[dict[str, Any]]) -> str:
+        """The tools as prompt text (base prompts; templates that ignore `tools`)."""
+        signatures = "\n".join(json.dumps(t) for t in tools)
+        return (
+            "# Tools\n\nYou may call the functions below. Their signatures are inside <tools></tools>:\n"
+            f"<tools>\n{signatures}\n</tools>\n\nTo call a function, write a JSON object with its name and arguments "
+            'inside <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+            "<args-json-object>}\n</tool_call>"
+        )
+
+    def parse(self, text: str) -> Action | None:
+        """`text`: the turn with its reasoning removed, right-stripped. A call is what ends at `</tool_call>`."""
+        if not text.endswith(CALL_CLOSE):
+            return None
+        body = text[: -len(CALL_CLOSE)]
+        start = body.rfind(CALL_OPEN)
+        if start < 0:
+            return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
+        if THINK_OPEN in body[:start]:  # unclosed <think> before the call: still reasoning
+            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
+        return _call_action(body[start + len(CALL_OPEN) :].strip(), "arguments", self.max_queries)
+
+
+class Llama3JsonFormat:
+    name = "llama3_json"
+    # `<|eom_id|>` is a stop string (both engines match stop strings on text decoded with special tokens); `<|eot_id|>`
+    # is the tokenizer's EOS, so a call may also end the turn with EOS (eos_ends_call)
+    stop_strings = ["<|eom_id|>", ANSWER_CLOSE]
+    eos_ends_call = True
+    sampled_turn_ends = ("<|eom_id|>", "<|eot_id|>")  # the template closes an assistant turn with <|eot_id|>
+    demo_call = '{{"name": "search", "parameters": {{"query": "{q}"}}}}<|eom_id|>'
+
+    def __init__(self, max_queries: int = 3):
+        self.max_queries = max_queries
+
+    def example_call(self, query: str = "...") -> str:
+        return json.dumps({"name": "search", "parameters": {"query": query}})
+
+    def declaration(self, tools: list[dict[str, Any]]) -> str:
+        signatures = "\n\n".join(json.dumps(t) for t in tools)
+        return (
+            'To call a function, reply with one JSON object only: {"name": function name, "parameters": an object of '
+            f"its arguments}}. The functions:\n\n{signatures}"
+        )
+
+    def parse(self, text: str) -> Action | None:
+        """`text`: the turn with its reasoning removed (special tokens such as `<|python_tag|>` / `<|eom_id|>` are not
+        in it), right-stripped. A call is a JSON object: the turn's text from its first `{` on."""
+        start = text.find("{")
+        if start < 0:
+            return None
+        if THINK_OPEN in text[:start]:
+            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
+        return _call_action(text[start:], "parameters", self.max_queries)
+
+
+CALL_FORMATS = {"hermes": HermesFormat, "llama3_json": Llama3JsonFormat}
+
+
+def call_format(name: str, max_queries: int = 3) -> HermesFormat | Llama3JsonFormat:
+    if name not in CALL_FORMATS:
+        raise ValueError(f"tool_call: call_format {name!r} is not one of {['auto', *CALL_FORMATS]}")
+    return CALL_FORMATS[name](max_queries)
+
+
+def call_format_for(tokenizer) -> str:
+    """The call format of a tokenizer's family: llama3_json when it has Llama 3's header and tool tokens."""
+    vocab = tokenizer.get_vocab()
+    return "llama3_json" if all(t in vocab for t in LLAMA3_MARKERS) else "hermes"
