@@ -298,13 +298,17 @@ SFT_OVERWRITTEN = ("epochs", "lr", "seed", "schedule")
 def cache_key(cfg: RSearchConfig) -> str:
     """The warm start's cache key: everything that shapes it -- the model and tokenizer (minus NOT_IN_KEY), the
     protocol, the world (not where its cache lies), the retriever's top-k, the options (the `warm_start` group, minus
-    SFT_OVERWRITTEN) and model.warm_start_seed -- and not the RL seed, so RL seeds share one warm start."""
+    SFT_OVERWRITTEN), model.warm_start_seed and, when the recipe folds, how it folds (rollout.context and the turn,
+    observation and row budgets) -- and not the RL seed, so RL seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
     options = dataclasses.asdict(cfg.warm_start)
     options["sft"] = {k: v for k, v in options["sft"].items() if k not in SFT_OVERWRITTEN}
     key = [dataclasses.asdict(model), cfg.rollout.protocol, world_fields(cfg.data.toy_world)]
     key += [cfg.retriever.topk, options]
+    if cfg.rollout.context.strategy != "none":  # folded demonstrations (fold_demos): the rows depend on how it folds
+        rc = cfg.rollout
+        key += [dataclasses.asdict(rc.context), rc.max_tokens_per_turn, rc.max_obs_length, rc.max_response_length]
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -57,3 +57,13 @@ def test_a_field_the_warm_start_reads_moves_the_key(override):
 
 def test_the_rl_seed_shares_one_warm_start():
     assert _key("seed=7") == _key()
+
+
+def test_how_a_recipe_folds_moves_the_key_only_when_it_folds():
+    # folded demonstrations (rsearch_verl/toy/fold_demos.py) are rows cut where the rollout folds: the strategy and
+    # the budgets decide them; a recipe that does not fold keeps its key whatever those budgets are
+    deep = cache_key(load_config(["+recipe=deep_search_grpo"]))
+    summary = cache_key(load_config(["+recipe=deep_search_grpo", "rollout.context.strategy=summary"]))
+    wider = cache_key(load_config(["+recipe=deep_search_grpo", "rollout.max_response_length=256"]))
+    assert len({deep, summary, wider}) == 3
+    assert _key("rollout.max_response_length=256") == _key() == _key("rollout.context.keep_recent_turns=3")
