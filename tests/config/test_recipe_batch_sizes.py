@@ -1,7 +1,9 @@
 """The GPU trainer groups carry each recipe's paper batch sizes; the CPU default keeps its small sizes.
 
 Every recipe x {3B instruct, 7B base} x {one 8-GPU node, two nodes} composes with rollout=vllm, validates, and gets
-its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml; the trainer group sets none), not the model's.
+its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml; the trainer group sets none), not the model's. The Qwen3 and
+Llama 3 model groups compose with every recipe on the GPU and CPU trainer groups (hub names: composed and validated,
+never loaded), their tiny stand-ins (model=tiny_qwen3 / tiny_llama3) on the CPU ones.
 
     .venv/bin/python -m pytest -q tests/config/test_recipe_batch_sizes.py
 """
@@ -132,3 +134,47 @@ def test_prompts_per_step_fills_whole_mini_batches():
     assert prompts_per_step(512, 1, 256) == 512 and prompts_per_step(20, 3, 10) == 10
     with pytest.raises(ValueError):
         prompts_per_step(20, 0, 10)
+
+
+# the Qwen3 / Llama 3 model groups (rsearch_verl/model_families.py): hub names, composed and validated only (nothing is
+# loaded or downloaded here), with their actor learning rate
+FAMILY_GROUPS = {
+    "qwen3_0_6b": ("qwen3", 2e-6),
+    "qwen3_4b": ("qwen3", 1e-6),
+    "qwen3_8b": ("qwen3", 1e-6),
+    "llama3_2_3b_instruct": ("llama3", 1e-6),
+    "llama3_1_8b_instruct": ("llama3", 1e-6),
+}
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize("model", sorted(FAMILY_GROUPS))
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_family_groups_compose_with_every_recipe_on_gpus_and_cpus(recipe, model):
+    from rsearch_verl.rollout.protocols import protocol_for
+
+    family, lr = FAMILY_GROUPS[model]
+    gpu = load_config([f"+recipe={recipe}", f"model={model}", *GPU])
+    prompts, n, mini, micro = PAPER_SIZES[recipe]
+    assert (gpu.data.train_batch_size, gpu.rollout.n, gpu.actor.ppo_mini_batch_size) == (prompts, n, mini)
+    assert (gpu.model.family, gpu.model.dtype, gpu.actor.optim.lr) == (family, "bfloat16", lr)
+    assert gpu.model.use_chat_template and list(gpu.model.lora_target_modules) == ALL_PROJECTIONS
+    assert gpu.model.thinking is (True if family == "qwen3" else None)
+    proto = protocol_for(gpu)  # the family's conventions reach the protocol
+    if recipe == "search_r1_toolcall_grpo":
+        assert proto.format.name == ("llama3_json" if family == "llama3" else "hermes")
+    if family == "qwen3":
+        assert proto.chat_template_kwargs == {"enable_thinking": True}
+    for trainer in ("cpu", "cpu2"):  # composes and validates; the hub model is never loaded on CPU
+        cpu = load_config([f"+recipe={recipe}", f"model={model}", f"trainer={trainer}"])
+        assert (cpu.trainer.device, cpu.model.path, cpu.model.family) == ("cpu", gpu.model.path, family)
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen3", "tiny_llama3"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tiny_family_groups_compose_with_every_recipe_on_cpus(recipe, model):
+    """The tiny stand-ins are CPU groups: like model=tiny, their positions cannot hold the GPU groups' responses."""
+    for trainer in ("cpu", "cpu2"):
+        cfg = load_config([f"+recipe={recipe}", f"model={model}", f"trainer={trainer}"])
+        assert (cfg.model.path, cfg.model.family, cfg.model.sft_checkpoint) == ("tiny", model[5:], None)
+        assert cfg.model.use_chat_template and cfg.prompt_variant == "instruct"
