@@ -124,8 +124,11 @@ def reached(run: dict) -> bool:
 def run_cell(variant: str, seed: int, world: int, args) -> dict:
     """Run the main job for one cell; return its first and last validation rows and the wall time."""
     run_dir = os.path.join(args.out, f"{variant}-s{seed}-w{world}")
-    cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[variant], *QUIET, f"trainer.run_dir={run_dir}"]
-    cmd += [*WORLDS[args.world], f"seed={seed}", f"data.toy_world.seed={world}", "trainer.resume=disable", *args.extra]
+    # a deep world's cell runs for many minutes: it checkpoints and a grid started again resumes it where it stopped
+    keep = ["trainer.save_freq=5", "trainer.resume=auto"] if args.world == "deep" else ["trainer.resume=disable"]
+    quiet = [q for q in QUIET if not (args.world == "deep" and q.startswith("trainer.save_freq"))]
+    cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[variant], *quiet, f"trainer.run_dir={run_dir}"]
+    cmd += [*WORLDS[args.world], f"seed={seed}", f"data.toy_world.seed={world}", *keep, *args.extra]
     if args.steps is not None:
         cmd.append(f"trainer.total_steps={args.steps}")
     env = dict(os.environ)
@@ -134,7 +137,7 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, f"{variant}-s{seed}-w{world}.log")  # the job log: follow an hour-long cell
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     wall = time.perf_counter() - start
     cell = {"variant": variant, "seed": seed, "world": world}
