@@ -32,7 +32,9 @@ checkpoints, so the watchdog has nothing to roll back to) is recorded as stopped
 
 `--world deep` runs `+recipe=deep_search_grpo` (data=toy_world_deep: 4-6 hop chains, 32 turns) with its context
 strategies (docs/long_horizon.md): `--world deep --only deep_drop --seeds 3 --worlds 2`, then
-`--world deep --only deep_summary,deep_none --seeds 2 --worlds 1`.
+`--world deep --only deep_summary,deep_none --seeds 2 --worlds 1`. `deep_none` starts from deep_drop's warm start (the
+same policy; only the rollout's context management differs), so deep_drop's must be built first; deep_summary has its
+own (its demonstrations write notes). A deep cell checkpoints every 5 steps and a grid started again resumes it.
 
 `--world hard` runs `data=toy_world_hard` (3-hop questions, near-twin names, passages of three sentences, questions
 worded unlike the passages) with the variants PPO, PPO without masking, GRPO, PPO at staleness 1, REINFORCE++ and
@@ -94,6 +96,8 @@ VARIANTS = {
     "deep_summary": ["+recipe=deep_search_grpo", "rollout.context.strategy=summary"],
     "deep_none": ["+recipe=deep_search_grpo", "rollout.context.strategy=none"],
 }
+# variants that start from another variant's warm start (the same policy, so that only the RL side differs)
+SHARED_WARM_START = {"deep_none": "deep_drop"}
 QUIET = ["trainer.save_freq=0", "trainer.test_freq=0", "trainer.dump_rollouts=false"]
 # --world: the toy world's data group (recipes/data/; the harder one sets its own warm start's gate too), see
 # docs/toy_world_learning.md "A harder world"
@@ -126,6 +130,8 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
     run_dir = os.path.join(args.out, f"{variant}-s{seed}-w{world}")
     # a deep world's cell runs for many minutes: it checkpoints and a grid started again resumes it where it stopped
     keep = ["trainer.save_freq=5", "trainer.resume=auto"] if args.world == "deep" else ["trainer.resume=disable"]
+    if variant in SHARED_WARM_START:
+        keep.append(f"model.sft_checkpoint={warm_start_of(SHARED_WARM_START[variant], world, args)}")
     quiet = [q for q in QUIET if not (args.world == "deep" and q.startswith("trainer.save_freq"))]
     cmd = [sys.executable, "-m", "rsearch_verl.main", *VARIANTS[variant], *quiet, f"trainer.run_dir={run_dir}"]
     cmd += [*WORLDS[args.world], f"seed={seed}", f"data.toy_world.seed={world}", *keep, *args.extra]
@@ -150,6 +156,22 @@ def run_cell(variant: str, seed: int, world: int, args) -> dict:
             tail = log.read()[-3000:]
         raise RuntimeError(f"{variant} seed {seed} world {world}: main job failed (log {log_path}):\n{tail}")
     return {**cell, **read_run(run_dir), "wall_s": round(wall, 1)}
+
+
+def warm_start_of(variant: str, world: int, args) -> str:
+    """The cached warm start `variant` uses on `world` (it must be built: its own cells run first)."""
+    from rsearch_verl.config import load_config
+    from rsearch_verl.rollout.protocols import protocol_for
+    from rsearch_verl.run_context import RunContext
+    from rsearch_verl.toy.run_data import toy_world_data
+    from rsearch_verl.toy.warm_start import cache_key
+
+    cfg = load_config([*VARIANTS[variant], *WORLDS[args.world], f"data.toy_world.seed={world}", *args.extra])
+    cfg = RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg)
+    path = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{variant}'s warm start for world {world} is not built ({path}): run its cells first")
+    return path
 
 
 def read_run(run_dir: str) -> dict:
