@@ -22,6 +22,7 @@ ENGINES = ("hf", "vllm")
 # model.family: the tiny policy's architecture / tokenizer / template, a pretrained model's conventions
 # (rsearch_verl/model_families.py)
 MODEL_FAMILIES = ("qwen2", "qwen3", "llama3")
+ROUND_TRIP_CHECKS = ("auto", "on", "off")  # rollout.round_trip_check (rsearch_verl/rollout/round_trip.py)
 # a protocol's prompt variants: a string for base models, chat messages for instruct models
 PROMPT_VARIANTS = ("base", "instruct")
 

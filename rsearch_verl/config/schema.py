@@ -139,6 +139,11 @@ class RolloutConfig(ConfigNode):
     max_concurrent_trajectories: int = 64
     context: ContextConfig = field(default_factory=ContextConfig)
     val_temperature: float = 0.0  # 0 = greedy
+    # token-in / token-out round trip (rsearch_verl/rollout/round_trip.py): on a sample of each batch's trajectories,
+    # the trained ids are compared with the ids the engine sampled and the observations with what the chat template
+    # renders; a mismatch fails the run. auto = on for chat-template runs (model.use_chat_template) | on | off
+    round_trip_check: str = "auto"
+    round_trip_sample: int = 4  # trajectories checked per batch (-1: all)
     val_n: int = 1
     # vLLM only
     gpu_memory_utilization: float = 0.5

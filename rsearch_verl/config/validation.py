@@ -20,6 +20,7 @@ from rsearch_verl.choices import (
     PROMPT_VARIANTS,
     PROTOCOL_KWARGS,
     REWARD_KWARGS,
+    ROUND_TRIP_CHECKS,
 )
 from rsearch_verl.config.context import check_context
 from rsearch_verl.config.schema import (
@@ -98,6 +99,7 @@ def _validate_names(cfg: RSearchConfig) -> None:
     if cfg.model.family is not None:
         _one_of(cfg.model.family, MODEL_FAMILIES, "model.family")
     _one_of(cfg.model.thinking, (None, True, False), "model.thinking")
+    _one_of(cfg.rollout.round_trip_check, ROUND_TRIP_CHECKS, "rollout.round_trip_check")
     _validate_protocol(cfg.rollout.protocol, dict(cfg.rollout.protocol_kwargs))
     _validate_reward(cfg.reward.name, dict(cfg.reward.kwargs))
 
@@ -165,6 +167,7 @@ def _validate_rollout(cfg: RSearchConfig) -> None:
     _check(cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1")
     _check(cfg.rollout.temperature > 0, "rollout.temperature", "training samples must be > 0 (greedy is val only)")
     _check(cfg.rollout.max_response_length >= 1, "rollout.max_response_length", "must be >= 1")
+    _check(cfg.rollout.round_trip_sample >= -1, "rollout.round_trip_sample", "must be >= 0 (-1: every trajectory)")
     if cfg.model.thinking is not None:
         _check(cfg.model.use_chat_template, "model.thinking", "is read by the chat template: needs use_chat_template")
     if cfg.trainer.device == "cuda":

@@ -17,7 +17,9 @@ index (a rerun reproduces), and searches through the process's one `SearchClient
 (rsearch_verl/search/process.py) behind its circuit breaker (`retriever.breaker`, rsearch_verl/search/breaker.py:
 searches pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch
 (`search/*` in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
-statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`).
+statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`). On a
+sample of each batch the token-in / token-out round trip is checked (`rollout.round_trip_check`: the trained ids are the
+sampled ones, the observations what the chat template renders; rsearch_verl/rollout/round_trip.py): a mismatch raises.
 A trajectory with a search that failed for an outage reason (timeout, connection, 5xx) is marked `search_failed`
 (the trainer drops it from the update).
 """
@@ -39,6 +41,7 @@ from rsearch_verl.config.context import context_budget
 from rsearch_verl.rollout.context import ContextWindow, Turn
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.rollout.round_trip import TRUNCATION_MARKER, check_round_trip, round_trip_enabled
 from rsearch_verl.rollout.trajectory import Trajectory, rows_to_batch
 from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.client import SearchError
@@ -46,8 +49,6 @@ from rsearch_verl.search.process import process_breaker, process_search_client
 from rsearch_verl.search.types import SearchFn
 
 logger = logging.getLogger(__name__)
-
-TRUNCATION_MARKER = "...[truncated]"
 
 
 class CountingSearch:
@@ -247,8 +248,11 @@ async def generate_batch_async(
         if own_client:
             await search.aclose()
     metrics = search_metrics(search, counted, time.perf_counter() - start, breaker)
-    return trajectories_batch(trajs, batch, tokenizer, {**prompts.meta_info, "metrics": metrics},
-                              pad_prompt_to, pad_response_to)  # fmt: skip
+    out = trajectories_batch(trajs, batch, tokenizer, {**prompts.meta_info, "metrics": metrics},
+                             pad_prompt_to, pad_response_to)  # fmt: skip
+    if round_trip_enabled(cfg):  # the trained ids are the sampled ones, observations the template's (raises if not)
+        metrics.update(check_round_trip(trajs, out, tokenizer, protocol, rc.round_trip_sample))
+    return out
 
 
 def trajectory_sampling(cfg: RSearchConfig, validate: bool, seed: int) -> SamplingParams:

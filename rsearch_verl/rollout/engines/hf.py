@@ -28,6 +28,7 @@ reproducible (one torch.Generator per request).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class HFEngine(BatchingEngine):
         # decode steps, rows decoded (= tokens fed), key/value columns attended incl. padding, prefill forwards
         self.counters = {"decode_steps": 0, "decode_rows": 0, "decode_kv_cols": 0, "prefills": 0}
         self._token_text: dict[int, str] = {}  # token id -> its text alone (the stop-string pre-check)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         super().__init__(gather_ms=gather_ms, max_batch=max_batch, bucket_mb=bucket_mb)
 
     # ---- weights (BatchingEngine.load_weights parks them; they land between two decode steps) -------------------
@@ -211,7 +213,10 @@ class HFEngine(BatchingEngine):
             attn[i, width - len(r.prompt_ids) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        # only the last position's logits: a prefill of T tokens would otherwise build T x vocabulary logits (151k
+        # columns for Qwen: 0.6 GB and most of the prefill's time at T = 1000)
+        last = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **last)
         self.counters["prefills"] += 1
         past = out.past_key_values
         if all(type(layer) is DynamicLayer for layer in past.layers):  # else (sliding window...): as the model made it

@@ -1,0 +1,188 @@
+"""The token-in / token-out round trip (rsearch_verl/rollout/round_trip.py) per model family: 32-turn tool-call
+trajectories of the tiny Qwen2 (ChatML), Qwen3 (thinking off) and Llama 3 through `generate_batch` with a scripted HF
+engine and each family's own chat template: the check re-renders every turn and passes; a batch that trains
+re-tokenised policy ids, or observations framed for another template, fails the run with a clear error.
+
+Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_round_trip.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rsearch_verl.config import ModelConfig, RSearchConfig, load_config
+from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.model_families import family_tokenizer
+from rsearch_verl.models import load_model
+from rsearch_verl.rollout.agent_loop import generate_batch, trajectories_batch
+from rsearch_verl.rollout.context import Turn
+from rsearch_verl.rollout.protocols import get_protocol, protocol_for
+from rsearch_verl.rollout.round_trip import RoundTripError, check_round_trip, round_trip_enabled
+from rsearch_verl.rollout.trajectory import Trajectory
+from rsearch_verl.search.types import Doc
+from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
+
+TURNS = 32
+CALLS = {
+    "qwen2": '<tool_call>{{"name": "search", "arguments": {{"query": "{k}"}}}}</tool_call>',
+    "qwen3": '<tool_call>{{"name": "search", "arguments": {{"query": "{k}"}}}}</tool_call>',
+    "llama3": '<|python_tag|>{{"name": "search", "parameters": {{"query": "{k}"}}}}<|eom_id|>',
+}
+TOOL_TURN = {"qwen2": "<|im_start|>tool\n", "qwen3": "<tool_response>", "llama3": "<|start_header_id|>ipython"}
+
+
+async def _search(queries, topk, source="local"):
+    return [[Doc(q, f'"{q}"\n{q}')] for q in queries]
+
+
+def _cfg(family: str) -> RSearchConfig:
+    cfg = RSearchConfig()
+    tiny = dataclasses.replace(cfg.model.tiny, max_position_embeddings=8192)
+    thinking = False if family == "qwen3" else None
+    model = dataclasses.replace(cfg.model, family=family, use_chat_template=True, thinking=thinking, tiny=tiny)
+    rollout = dataclasses.replace(cfg.rollout, protocol="tool_call", max_turns=TURNS, max_tokens_per_turn=160,
+                                  max_response_length=7200, max_obs_length=96, round_trip_sample=-1)  # fmt: skip
+    return dataclasses.replace(cfg, model=model, rollout=rollout)
+
+
+def _script(family: str):
+    """Search `TURNS - 1` times (the last call ends with <|eot_id|> for Llama 3), then answer."""
+
+    def script(ctx: str) -> str:
+        done = ctx.count(TOOL_TURN[family]) - (family == "qwen3")  # Qwen3's system turn shows <tool_response> once
+        if done < TURNS - 1:
+            call = CALLS[family].format(k=done)
+            return call.replace("<|eom_id|>", "<|eot_id|>") if done == TURNS - 2 else call
+        return "<think> </think><answer> yes </answer>"
+
+    return script
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama3"])
+def family_run(request):
+    """(family, tokenizer, protocol, batch) of one 32-turn trajectory."""
+    family, cfg = request.param, _cfg(request.param)
+    tok = family_tokenizer(family)
+    model = load_model(cfg.model, tok, seed=0)
+    protocol = protocol_for(cfg)
+    rows = [{"prompt": protocol.build_prompt("is it so?", "instruct"), "golden_answers": ["yes"]}]
+    prompts = PromptDataset(rows, tok, max_prompt_length=2048, protocol=protocol).to_batch([0], uids=["a"])
+    prompts.meta_info["seed"] = 3
+    engine = ScriptedHFEngine(model, tok, _script(family))
+    try:
+        batch = generate_batch(engine, tok, prompts, cfg, search=_search, protocol=protocol)
+    finally:
+        engine.close()
+    return family, tok, protocol, batch
+
+
+def test_32_turns_round_trip_per_family(family_run):
+    family, tok, protocol, batch = family_run
+    nt, metrics = batch.non_tensor_batch, batch.meta_info["metrics"]
+    assert (nt["n_turns"][0], nt["n_searches"][0], nt["finish_reason"][0]) == (TURNS, TURNS - 1, "answer")
+    # the check ran (chat template: on by default) and re-rendered every observation
+    assert metrics["round_trip/trajectories"] == 1 and metrics["round_trip/observations"] == TURNS - 1
+    assert metrics["round_trip/truncated_observations"] == 0
+    assert metrics["round_trip/noncanonical_turns"] == 0  # scripted text is the tokenizer's own encoding
+    obs = [text for role, text in nt["segments"][0] if role == "observation"]
+    frame = {"qwen2": "<|im_end|>\n<|im_start|>tool\n<tool_response>\n", "qwen3": "<|im_end|>\n<|im_start|>user\n",
+             "llama3": "<|start_header_id|>ipython<|end_header_id|>\n\n<tool_response>\n"}[family]  # fmt: skip
+    assert all(o.startswith(frame) for o in obs) and len(obs) == TURNS - 1
+    if family == "qwen3":  # thinking off: every generation prompt, the ones after tool turns too, opens an empty think
+        assert all(o.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") for o in obs)
+
+
+def test_observations_framed_for_another_template_fail(family_run):
+    family, tok, protocol, batch = family_run
+    trajs = _trajectories(batch)
+    if family == "qwen3":  # thinking on renders no empty <think> after a tool turn: the inserted ones are wrong
+        other = get_protocol("tool_call", enable_thinking=True)
+        other.bind_tokenizer(tok, chat=True)
+        with pytest.raises(RoundTripError, match="chat template"):
+            check_round_trip(trajs, batch, tok, other, sample=1)
+    tampered = [_with_obs(t, {3: t.turns[3].obs_ids[:-2] + t.turns[3].obs_ids[-1:]}) for t in trajs]
+    with pytest.raises(RoundTripError, match="turn 3"):
+        check_round_trip(tampered, _batch(tampered, batch, tok), tok, protocol)
+
+
+def test_a_retokenised_policy_turn_fails_the_run():
+    """A policy turn sampled as a non-canonical split (`<`, `tool`, ... where the tokenizer would merge): token-in /
+    token-out trains it as sampled (counted, not failed); a batch that re-encoded its text trains other ids (fails)."""
+    tok = family_tokenizer("llama3")
+    protocol = get_protocol("tool_call", call_format="llama3_json")
+    protocol.bind_tokenizer(tok, chat=True)
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "q"}], add_generation_prompt=True,
+                                                tokenize=False), add_special_tokens=False)  # fmt: skip
+    text = '{"name": "search", "parameters": {"query": "a"}}'
+    sampled = [i for ch in text for i in tok.encode(ch, add_special_tokens=False)] + [tok.convert_tokens_to_ids(
+        "<|eom_id|>")]  # fmt: skip
+    assert sampled != tok.encode(tok.decode(sampled, skip_special_tokens=False), add_special_tokens=False)
+    obs = tok.encode(protocol.wrap("Doc 1(Title: a) a"), add_special_tokens=False)
+    traj = _one_turn(prompt, sampled, obs)
+    prompts = PromptDataset([{"prompt": "q", "golden_answers": ["a"]}], tok, 64).to_batch([0], uids=["u"])
+    ok = check_round_trip([traj], trajectories_batch([traj], prompts, tok, {}), tok, protocol)
+    assert ok["round_trip/noncanonical_turns"] == 1 and ok["round_trip/observations"] == 1
+    canonical = tok.encode(tok.decode(sampled, skip_special_tokens=False), add_special_tokens=False)
+    retokenised = _one_turn(prompt, canonical, obs)  # what a decode / re-encode pipeline would have trained
+    with pytest.raises(RoundTripError, match="policy ids differ from the ids the engine sampled"):
+        check_round_trip([traj], trajectories_batch([retokenised], prompts, tok, {}), tok, protocol)
+
+
+def test_the_switch():
+    base = ["+recipe=search_r1_toolcall_grpo"]
+    assert not round_trip_enabled(load_config(base))  # base prompts: no template to re-render
+    assert round_trip_enabled(load_config([*base, "model=tiny_llama3"]))  # chat template: on by default
+    assert not round_trip_enabled(load_config([*base, "model=tiny_llama3", "rollout.round_trip_check=off"]))
+    assert round_trip_enabled(load_config([*base, "rollout.round_trip_check=on"]))
+    assert ModelConfig().family is None
+
+
+def _one_turn(prompt: list[int], policy: list[int], obs: list[int]) -> Trajectory:
+    traj = Trajectory(list(prompt))
+    traj.add(policy, 1, [0.0] * len(policy), "policy", "call")
+    traj.add(obs, 0, None, "observation", "obs")
+    traj.turns.append(Turn(list(policy), list(obs)))
+    return traj
+
+
+def _trajectories(batch) -> list[Trajectory]:
+    """The batch's trajectories rebuilt from its rows and recorded segments' token runs (one row each)."""
+    out = []
+    t = batch.batch
+    for i in range(len(batch)):
+        p = t["prompts"].shape[1]
+        att = t["attention_mask"][i].tolist()
+        prompt = [x for x, a in zip(t["prompts"][i].tolist(), att[:p], strict=True) if a]
+        n = sum(att[p:])
+        ids, mask = t["responses"][i, :n].tolist(), t["response_mask"][i, :n].tolist()
+        traj, start = Trajectory(prompt), 0
+        while start < n:
+            end = start
+            while end < n and mask[end] == 1:
+                end += 1
+            obs_end = end
+            while obs_end < n and mask[obs_end] == 0:
+                obs_end += 1
+            traj.add(ids[start:obs_end], 1, None, "policy", "")
+            traj.turns.append(Turn(ids[start:end], ids[end:obs_end]))
+            start = obs_end
+        traj.rows[0].response_mask = mask
+        out.append(traj)
+    return out
+
+
+def _with_obs(traj: Trajectory, replace: dict[int, list[int]]) -> Trajectory:
+    turns = [Turn(t.policy_ids, replace.get(k, t.obs_ids)) for k, t in enumerate(traj.turns)]
+    out = Trajectory(list(traj.prompt_ids))
+    for turn in turns:
+        out.add(turn.policy_ids, 1, None, "policy", "")
+        if turn.obs_ids:
+            out.add(turn.obs_ids, 0, None, "observation", "")
+    out.turns = turns
+    return out
+
+
+def _batch(trajs: list[Trajectory], like, tok):
+    return trajectories_batch(trajs, like.select_idxs(list(range(len(trajs)))), tok, {})
