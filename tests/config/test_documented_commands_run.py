@@ -75,6 +75,13 @@ RUN = (
         180,
         ("toy_world",),
     ),
+    Run(  # docs/real_models.md: a family's tiny stand-in through its own template and call format (~25 s)
+        ".venv/bin/python -m rsearch_verl.main model=tiny_llama3 +recipe=search_r1_toolcall_grpo trainer.total_steps=1 "
+        "data.train_batch_size=2 rollout.n=2 data.val_max_samples=4 data.max_prompt_length=1024 "
+        "rollout.max_response_length=256 trainer.run_dir=outputs/tiny_llama3",
+        180,
+        ("step 1 | reward/mean",),
+    ),
     Run(".venv/bin/python -m rsearch_verl.data.prepare --help", 60, ("--input",)),
     Run(
         ".venv/bin/python benchmarks/retrieval_index.py --n 5000 --nq 100 --configs flat,ivfpq,ivfpq_rerank",
@@ -143,6 +150,10 @@ SKIP = {
     ),
     ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo trainer.placement=split trainer.max_staleness=1 "
     "trainer.rollout_mode=streaming": _TRAINING,
+    ".venv/bin/python -m rsearch_verl.main model=tiny_qwen3 +recipe=search_r1_grpo trainer.total_steps=1 "
+    "data.train_batch_size=2 rollout.n=2 data.val_max_samples=4 data.max_prompt_length=1024 "
+    "rollout.max_response_length=256 trainer.run_dir=outputs/tiny_qwen3": "the tiny_llama3 command's path with the "
+    "Qwen3 stand-in (~40 s; tests/workers/test_workers_families.py runs its rollout and update)",
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_toolcall_grpo": _TRAINING,
     ".venv/bin/python -m rsearch_verl.main model=smollm2_135m +recipe=search_r1_ppo": _TRAINING,
