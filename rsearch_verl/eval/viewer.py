@@ -118,15 +118,20 @@ def load_run_tokenizer(run_dir: str):
         return None
     # the protocol's special tokens (R1-Searcher's markers) were added to the run's tokenizer: ids decode the same
     special = list(run_protocol(cfg).special_tokens)
-    return load_tokenizer_from(tok_path, model_path, model.get("gguf_file"), special)
+    return load_tokenizer_from(tok_path, model_path, model.get("gguf_file"), special, model.get("family"))
 
 
-def load_tokenizer_from(tokenizer_path: str | None, model_path: str | None = None, gguf_file=None, extra_special=()):
-    """Load through `rsearch_verl.models.load_tokenizer` (same rules as training); None with a warning on failure."""
+def load_tokenizer_from(
+    tokenizer_path: str | None, model_path: str | None = None, gguf_file=None, extra_special=(), family=None
+):
+    """Load through `rsearch_verl.models.load_tokenizer` (same rules as training); None with a warning on failure.
+    `family`: the run's model.family (a tiny policy's tokenizer is its family's)."""
     # heavy: models imports torch/transformers; the viewer stays torch-free
     from rsearch_verl.models import load_tokenizer
 
-    spec = SimpleNamespace(tokenizer_path=tokenizer_path, path=model_path or tokenizer_path, gguf_file=gguf_file)
+    spec = SimpleNamespace(
+        tokenizer_path=tokenizer_path, path=model_path or tokenizer_path, gguf_file=gguf_file, family=family
+    )
     try:
         return load_tokenizer(spec, extra_special=extra_special)
     except Exception as exc:  # a broken tokenizer directory should degrade the page, not abort it
