@@ -104,12 +104,10 @@ def reasoning_removed(text: str) -> str:
     return _THINK_BLOCK.sub(" ", text)
 
 
-def chat_tool_frame(
-    tokenizer, tools: list[dict[str, Any]], template_kwargs: dict[str, Any], raw: bool = False
-) -> tuple[str, str] | None:
+def chat_tool_frame(tokenizer, tools: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """(before, after): the text the chat template writes around a tool message's content, from the end of an
-    assistant message to the next generation prompt; None when the template does not render a tool turn. Unless
-    `raw`, `<tool_response>` tags are added when the template writes none."""
+    assistant message to the next generation prompt; None when the template does not render a tool turn. (The
+    protocol's observation frame adds what the template lacks: `ToolCallProtocol._observation_frame`.)"""
     call, content = "\u2063CALL\u2063", "\u2063CONTENT\u2063"  # invisible separators: never in a real template
     messages = [
         {"role": "user", "content": "question"},
@@ -126,8 +124,6 @@ def chat_tool_frame(
     if text.count(call) != 1 or text.count(content) != 1 or text.index(call) > text.index(content):
         return None
     before, after = text.split(call, 1)[1].split(content, 1)
-    if not raw and RESPONSE_OPEN not in before:  # a plain `tool` turn (SmolLM2): the content gets the tags itself
-        before, after = f"{before}{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}{after}"
     return before, after
 
 
@@ -179,7 +175,7 @@ class ToolCallProtocol(TagSearchProtocol):
             return
         if self.call_format == "auto":
             self.format = self._format_named(call_format_for(tokenizer))
-        frame = chat_tool_frame(tokenizer, self.tools, self.chat_template_kwargs, raw=True) if chat else None
+        frame = chat_tool_frame(tokenizer, self.tools, self.chat_template_kwargs) if chat else None
         self.template_frame = frame
         self.frame = self._observation_frame(frame) if frame else INLINE_FRAME
         self._bound = key
@@ -188,7 +184,7 @@ class ToolCallProtocol(TagSearchProtocol):
         """The observation's text around a result: the template's frame, with `<tool_response>` tags added when the
         template has none, and without the end-of-message token a format's policy samples itself (Llama 3)."""
         before, after = frame
-        if RESPONSE_OPEN not in before:  # a plain `tool` / `ipython` turn: the content gets the tags itself
+        if RESPONSE_OPEN not in before:  # a plain `tool` / `ipython` turn (SmolLM2, Llama 3): tags around the content
             before, after = f"{before}{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}{after}"
         end = next((e for e in self.format.sampled_turn_ends if before.startswith(e)), None)
         return (before[len(end) :] if end else before), after
