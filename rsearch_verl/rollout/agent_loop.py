@@ -41,7 +41,7 @@ from rsearch_verl.config.context import context_budget
 from rsearch_verl.rollout.context import ContextWindow, Turn
 from rsearch_verl.rollout.engines.base import RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import SearchProtocol
-from rsearch_verl.rollout.round_trip import TRUNCATION_MARKER, check_round_trip, round_trip_enabled
+from rsearch_verl.rollout.round_trip import check_round_trip, round_trip_enabled
 from rsearch_verl.rollout.trajectory import Trajectory, rows_to_batch
 from rsearch_verl.search.breaker import CircuitBreaker
 from rsearch_verl.search.client import SearchError
@@ -49,6 +49,8 @@ from rsearch_verl.search.process import process_breaker, process_search_client
 from rsearch_verl.search.types import SearchFn
 
 logger = logging.getLogger(__name__)
+
+TRUNCATION_MARKER = "...[truncated]"
 
 
 class CountingSearch:
@@ -167,7 +169,7 @@ async def run_trajectory(
             tokenizer, obs, min(rc.max_obs_length, obs_room), protocol.observation_close
         )
         traj.add(obs_ids, 0, None, "observation", obs_text)
-        traj.turns[-1].obs_ids = list(obs_ids)
+        traj.turns[-1].obs_ids, traj.turns[-1].obs_cut = list(obs_ids), obs_text != obs
         if window.strategy == "none" and len(traj.row.response_ids) >= rc.max_response_length:
             traj.finish_reason = "length"
             break

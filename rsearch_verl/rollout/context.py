@@ -60,6 +60,7 @@ class Turn:
 
     policy_ids: list[int]
     obs_ids: list[int] = field(default_factory=list)
+    obs_cut: bool = False  # the observation was cut to its token budget (rollout.max_obs_length or the row's room)
 
 
 class ContextWindow:

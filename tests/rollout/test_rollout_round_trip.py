@@ -107,6 +107,25 @@ def test_observations_framed_for_another_template_fail(family_run):
         check_round_trip(tampered, _batch(tampered, batch, tok), tok, protocol)
 
 
+def test_observations_cut_to_their_budget_are_counted_not_failed():
+    """A budget of a few tokens cuts an observation inside its frame: counted, not compared with the template."""
+    family, cfg = "qwen2", _cfg("qwen2")
+    rollout = dataclasses.replace(cfg.rollout, max_turns=3, max_obs_length=6)
+    cfg = dataclasses.replace(cfg, rollout=rollout)
+    tok, protocol = family_tokenizer(family), protocol_for(cfg)
+    rows = [{"prompt": protocol.build_prompt("is it so?", "instruct"), "golden_answers": ["yes"]}]
+    prompts = PromptDataset(rows, tok, max_prompt_length=2048, protocol=protocol).to_batch([0], uids=["a"])
+    prompts.meta_info["seed"] = 3
+    engine = ScriptedHFEngine(load_model(cfg.model, tok), tok, lambda ctx: CALLS[family].format(k=1))
+    try:
+        batch = generate_batch(engine, tok, prompts, cfg, search=_search, protocol=protocol)
+    finally:
+        engine.close()
+    metrics = batch.meta_info["metrics"]
+    assert metrics["round_trip/truncated_observations"] == 2 and metrics["round_trip/observations"] == 0
+    assert "[tr" in "".join(text for role, text in batch.non_tensor_batch["segments"][0] if role == "observation")
+
+
 def test_a_retokenised_policy_turn_fails_the_run():
     """A policy turn sampled as a non-canonical split (`<`, `tool`, ... where the tokenizer would merge): token-in /
     token-out trains it as sampled (counted, not failed); a batch that re-encoded its text trains other ids (fails)."""
