@@ -55,6 +55,9 @@ def test_llama3_calls_parse():
     answer = proto.parse_turn('<think> {"name": "search"} </think><answer> Shakespeare </answer>')
     assert (answer.kind, answer.answer) == ("answer", "Shakespeare")  # a call inside complete reasoning is not one
     assert proto.parse_turn("no call, no answer").kind == "none"
+    # with its special tokens still in the text (a demonstration, a dumped response): read the same
+    assert proto.parse_turn(f"<|python_tag|>{LLAMA_CALL}<|eom_id|>").queries == ["who wrote hamlet"]
+    assert proto.parse_turn(f"{LLAMA_CALL}<|eot_id|>").queries == ["who wrote hamlet"]
 
 
 MALFORMED = [  # (what goes wrong, the call's JSON as Llama 3 writes it, the error; {key}: the format's arguments key)
@@ -199,3 +202,16 @@ def test_llama3_malformed_call_mid_rollout(llama_tok, llama_engine, retrieval_ur
     assert "Invalid tool call (the tool call is not valid JSON" in observations[0]
     assert json.loads(observations[0].split("To search, write ")[1].split("; to finish")[0])["parameters"]
     assert (traj.n_searches, traj.finish_reason) == (2, "answer")
+
+
+def test_toy_demonstrations_follow_the_tokenizer_family(llama_tok, tmp_path):
+    """The toy warm start's demonstrations (chat variant, the policy's tokenizer) are written in the family's format."""
+    from rsearch_verl.config import ToyWorldConfig
+    from rsearch_verl.toy.demos import demonstrations
+    from rsearch_verl.toy.world import build_toy_world
+
+    world = build_toy_world(ToyWorldConfig(n_entities=24, n_train=32, n_val=8, cache_dir=str(tmp_path)))
+    demo = demonstrations(world, "tool_call", n=2, seed=0, p_no_search=0.0, variant="instruct", tokenizer=llama_tok)
+    text = "".join(t for _, t in demo[0]["segments"])
+    assert '{"name": "search", "parameters": {"query": ' in text and f"<|eom_id|>{IPYTHON}<tool_response>" in text
+    assert "<tool_call>" not in text

@@ -29,7 +29,8 @@ from rsearch_verl.rollout.protocols.tagged import MAX_QUERY_CHARS
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN = "<think>"
 ANSWER_CLOSE = "</answer>"
-LLAMA3_MARKERS = ("<|start_header_id|>", "<|eom_id|>", "<|python_tag|>")  # a tokenizer with these writes llama3_json
+PYTHON_TAG = "<|python_tag|>"
+LLAMA3_MARKERS = ("<|start_header_id|>", "<|eom_id|>", PYTHON_TAG)  # a tokenizer with these writes llama3_json
 
 
 def search_action(args: Any, max_queries: int, key: str) -> Action:
@@ -125,8 +126,12 @@ class Llama3JsonFormat:
         )
 
     def parse(self, text: str) -> Action | None:
-        """`text`: the turn with its reasoning removed (special tokens such as `<|python_tag|>` / `<|eom_id|>` are not
-        in it), right-stripped. A call is a JSON object: the turn's text from its first `{` on."""
+        """`text`: the turn with its reasoning removed, right-stripped. A call is a JSON object: the turn's text from
+        its first `{` on. The rollout hides special tokens from the turn's text; a text that still has them (a
+        demonstration, a dumped response) is read without `<|python_tag|>` and the closing end token."""
+        text = text.replace(PYTHON_TAG, "")
+        end = next((e for e in self.sampled_turn_ends if text.endswith(e)), None)
+        text = text[: -len(end)].rstrip() if end else text
         start = text.find("{")
         if start < 0:
             return None
