@@ -141,3 +141,16 @@ def test_family_and_thinking_are_validated():
         load_config(["+recipe=search_r1_grpo", "model.family=gpt2"])
     with pytest.raises(ConfigError, match="model.thinking"):  # read by the chat template only
         load_config(["+recipe=search_r1_grpo", "model.thinking=false"])
+
+
+@pytest.mark.parametrize(
+    ("group", "family"),
+    [("qwen3_4b", "qwen3"), ("llama3_2_3b_instruct", "llama3"), ("tiny_qwen3", "qwen3"), ("tiny_llama3", "llama3")],
+)
+def test_lora_targets_of_each_group_are_modules_of_its_family(group, family):
+    """A group's model.lora_target_modules name linear layers of its family's architecture (the tiny one's)."""
+    cfg = load_config([f"model={group}", "+recipe=search_r1_grpo"])
+    # the small Llama 3 vocabulary for both: only the layers' names matter here
+    model = load_model(ModelConfig(family=family), load_tokenizer(ModelConfig(family="llama3")))
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert cfg.model.family == family and set(cfg.model.lora_target_modules) <= linear
