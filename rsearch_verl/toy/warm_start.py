@@ -290,6 +290,11 @@ def build(cfg: RSearchConfig, out: str) -> dict:
 NOT_IN_KEY = ("lora_rank", "lora_alpha", "lora_target_modules", "attn_implementation")
 
 
+# Model fields added after warm starts were first cached: in the key only when set, so the warm starts of runs that
+# never set them keep their keys (and their caches)
+KEYED_WHEN_SET = ("family", "thinking")
+
+
 # warm_start.sft fields each phase sets itself (train_toy: copy_* / mix_* and model.warm_start_seed): never read as
 # given, so they stay out of the key
 SFT_OVERWRITTEN = ("epochs", "lr", "seed", "schedule")
@@ -302,9 +307,11 @@ def cache_key(cfg: RSearchConfig) -> str:
     observation and row budgets) -- and not the RL seed, so RL seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
+    model_fields = {k: v for k, v in dataclasses.asdict(model).items()
+                    if not (k in KEYED_WHEN_SET and v == getattr(defaults, k))}  # fmt: skip
     options = dataclasses.asdict(cfg.warm_start)
     options["sft"] = {k: v for k, v in options["sft"].items() if k not in SFT_OVERWRITTEN}
-    key = [dataclasses.asdict(model), cfg.rollout.protocol, world_fields(cfg.data.toy_world)]
+    key = [model_fields, cfg.rollout.protocol, world_fields(cfg.data.toy_world)]
     key += [cfg.retriever.topk, options]
     if cfg.rollout.context.strategy != "none":  # folded demonstrations (fold_demos): the rows depend on how it folds
         rc = cfg.rollout

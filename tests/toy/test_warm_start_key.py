@@ -67,3 +67,10 @@ def test_how_a_recipe_folds_moves_the_key_only_when_it_folds():
     wider = cache_key(load_config(["+recipe=deep_search_grpo", "rollout.max_response_length=256"]))
     assert len({deep, summary, wider}) == 3
     assert _key("rollout.max_response_length=256") == _key() == _key("rollout.context.keep_recent_turns=3")
+
+
+def test_model_fields_added_later_move_the_key_only_when_set():
+    # model.family / model.thinking came after warm starts were cached: unset, they leave every key as it was
+    assert _key("model.family=qwen2") != _key()
+    assert _key("model.use_chat_template=true", "model.thinking=false") != _key("model.use_chat_template=true")
+    assert _key() == "bab5423a80fc"  # the README job's key (+recipe=search_r1_ppo, no tokenizer applied) since before
