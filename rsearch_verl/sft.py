@@ -24,6 +24,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -90,12 +91,40 @@ def length_batches(examples: list, batch_size: int) -> list[list]:
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
+@dataclasses.dataclass
+class EpochCheckpoint:
+    """Where `train_sft` keeps its state after every epoch (model, optimizer, schedule, torch RNG, losses and the
+    caller's `save_extra()`; the batch order is replayed from the seed), written atomically, so that a stopped run
+    resumes at its next epoch as if it had never stopped (an hour-long warm start spans sessions). `load_extra` gets
+    the caller's part back."""
+
+    path: str
+    save_extra: Callable[[], dict] = dict
+    load_extra: Callable[[dict], None] = lambda extra: None
+
+    def load(self) -> dict | None:
+        return torch.load(self.path, weights_only=False) if os.path.isfile(self.path) else None
+
+    def save(self, state: dict) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        torch.save({**state, "extra": self.save_extra()}, tmp)
+        os.replace(tmp, self.path)
+
+
 def train_sft(
-    model, tokenizer, demos: list[dict], opts: SFTConfig, until=None, dtype: torch.dtype = torch.float32
+    model,
+    tokenizer,
+    demos: list[dict],
+    opts: SFTConfig,
+    until=None,
+    dtype: torch.dtype = torch.float32,
+    checkpoint: EpochCheckpoint | None = None,
 ) -> list[float]:
     """Train `model` in place on `demos`; returns the mean loss of each epoch. `until(epoch, loss) -> bool`, called
     after each epoch with the model in eval mode, stops the training early when it returns True. `dtype`: the compute
-    dtype (`model.dtype`; the parameters stay float32 masters)."""
+    dtype (`model.dtype`; the parameters stay float32 masters). `checkpoint`: saved after every epoch and resumed
+    from when it exists (a finished training returns at once)."""
     examples = [demo_example(tokenizer, d, opts.max_length) for d in demos]
     batches = length_batches(examples, opts.batch_size)
     # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
@@ -108,10 +137,19 @@ def train_sft(
     decay = (lambda s: max(0.1, 1 - s / total)) if opts.schedule == "linear" else (lambda s: 1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * decay(s))
     rng = random.Random(opts.seed)
+    history, start = [], 0
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        history, start = _resume(saved, model, optim, sched, checkpoint)
+        for _ in range(start):  # the batch order of the epochs done: the same shuffles, replayed
+            rng.shuffle(batches)
+        logger.info("sft: resumed from %s after epoch %d (losses %s)", checkpoint.path, start, history)
+        if saved["done"]:
+            model.eval()
+            return history
     model.train()
-    history = []
     said = time.monotonic()
-    for epoch in range(opts.epochs):
+    for epoch in range(start, opts.epochs):
         rng.shuffle(batches)  # batch order is random; batch contents stay length-sorted
         losses = []
         for i, batch in enumerate(batches):
@@ -128,11 +166,26 @@ def train_sft(
         history.append(sum(losses) / max(1, len(losses)))
         logger.info("sft epoch %d/%d: loss %.4f", epoch + 1, opts.epochs, history[-1])
         model.eval()
-        if until is not None and until(epoch + 1, history[-1]):
+        done = until is not None and until(epoch + 1, history[-1])
+        if checkpoint is not None:
+            checkpoint.save({"epoch": epoch + 1, "history": history, "done": done or epoch + 1 == opts.epochs,
+                             "model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
+                             "torch_rng": torch.get_rng_state()})  # fmt: skip
+        if done:
             break
         model.train()
     model.eval()
     return history
+
+
+def _resume(saved: dict, model, optim, sched, checkpoint: EpochCheckpoint) -> tuple[list[float], int]:
+    """Load a saved epoch's state into the training objects; returns (losses so far, epochs done)."""
+    model.load_state_dict(saved["model"])
+    optim.load_state_dict(saved["optim"])
+    sched.load_state_dict(saved["sched"])
+    torch.set_rng_state(saved["torch_rng"])
+    checkpoint.load_extra(saved["extra"])
+    return list(saved["history"]), int(saved["epoch"])
 
 
 def save_hf(model, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None) -> str:

@@ -15,7 +15,9 @@ Phases (the `warm_start` config group, rsearch_verl/config/schema.py `WarmStartC
      that cannot learn.
   2. mix: the imperfect mix (`p_no_search` of the demonstrations answer at once from "memory"), which shifts the
      search / no-search prior so that the greedy warm start answers from memory.
-The probes' numbers are logged and written next to the checkpoint (`warm_start.json`).
+The probes' numbers are logged and written next to the checkpoint (`warm_start.json`). The copy phase keeps its state
+after every epoch in `<key>.partial/` (rsearch_verl/sft.py `EpochCheckpoint`): a build that is stopped (a session that
+ends, a crash) resumes at its next epoch when the same warm start is asked for again.
 
     path = warm_start(cfg)  # cached under <toy world cache>/warm_start/<hash>; what model.sft_checkpoint=auto resolves
                             # to; built in a child process. Its seed is model.warm_start_seed, not the RL seed
@@ -51,7 +53,7 @@ from rsearch_verl.rollout.agent_loop import generate_batch
 from rsearch_verl.rollout.engines.hf import HFEngine
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.run_context import RunContext
-from rsearch_verl.sft import load_policy, save_hf, train_sft
+from rsearch_verl.sft import EpochCheckpoint, load_policy, save_hf, train_sft
 from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
 from rsearch_verl.toy.fold_demos import fold_demos
 from rsearch_verl.toy.run_data import toy_world_data
@@ -184,8 +186,12 @@ def toy_demos(
     return fold_demos(demos, cfg, tokenizer, protocol)  # long-horizon recipes: rows as the rollout folds them
 
 
-def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, opts: WarmStartConfig, seed: int) -> dict:
-    """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs)."""
+def train_toy(
+    model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, opts: WarmStartConfig, seed: int,
+    progress: str | None = None,
+) -> dict:  # fmt: skip
+    """Run both phases on `model` in place; returns the report (losses, every probe's skills, the copy epochs).
+    `progress`: a directory where the copy phase keeps its state after every epoch (and resumes from it)."""
     report: dict = {"seed": seed, "loss": [], "probes": []}
     dtype = getattr(torch, cfg.model.dtype)  # the compute dtype: float32 masters, bfloat16 autocast where asked
     probe = SkillProbe(cfg, model, tokenizer, opts.probe_questions, protocol=protocol)
@@ -203,7 +209,11 @@ def train_toy(model, tokenizer, cfg: RSearchConfig, protocol: SearchProtocol, op
         demos = toy_demos(cfg, opts.n_demos, opts.copy_p_no_search, seed + 1, tokenizer, protocol)
         phase = dataclasses.replace(opts.sft, epochs=opts.copy_epochs, lr=opts.copy_lr, seed=seed, schedule="constant")
         copied = lambda epoch, loss: skilled(measured("copy", epoch, loss), opts.until_em)  # noqa: E731
-        report["loss"] = train_sft(model, tokenizer, demos, phase, until=copied, dtype=dtype)
+        keep = None
+        if progress is not None:  # the probes so far are part of the state: a resumed report misses none
+            keep = EpochCheckpoint(os.path.join(progress, "copy.pt"), lambda: {"probes": list(report["probes"])},
+                                   lambda extra: report["probes"].extend(extra["probes"]))  # fmt: skip
+        report["loss"] = train_sft(model, tokenizer, demos, phase, until=copied, dtype=dtype, checkpoint=keep)
         report["epochs"] = len(report["loss"])
         if not skilled(report["probes"][-1], opts.until_em):
             raise WarmStartError(
@@ -272,14 +282,17 @@ def build(cfg: RSearchConfig, out: str) -> dict:
     seed = cfg.model.warm_start_seed
     model, tokenizer = load_policy(cfg, seed=seed)
     # the probes roll out with the run's protocol, rebuilt here from the same config (one per process)
+    progress = out.rstrip("/") + ".partial"  # the copy phase's state after each epoch: a stopped build resumes there
     try:
-        report = train_toy(model, tokenizer, cfg, protocol_for(cfg), cfg.warm_start, seed)
+        report = train_toy(model, tokenizer, cfg, protocol_for(cfg), cfg.warm_start, seed, progress=progress)
     except WarmStartError as err:  # kept for inspection (never reused: the cache looks for `out` only)
         failed = out.rstrip("/") + ".failed"
         save_hf(model, tokenizer, failed, extra_files={REPORT_FILE: json.dumps(err.report, indent=1)})
+        shutil.rmtree(progress, ignore_errors=True)
         logger.error("warm start: the policy it ended with and its probes are kept at %s", failed)
         raise
     save_hf(model, tokenizer, out, extra_files={REPORT_FILE: json.dumps(report, indent=1)})
+    shutil.rmtree(progress, ignore_errors=True)
     return report
 
 

@@ -14,7 +14,7 @@ from rsearch_verl.config import SFTConfig, load_config
 from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext
-from rsearch_verl.sft import _collate, sft_loss, tokenize_demo, train_sft
+from rsearch_verl.sft import EpochCheckpoint, _collate, sft_loss, tokenize_demo, train_sft
 from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
 
@@ -79,6 +79,48 @@ def test_sft_lowers_loss(tmp_path):
     demos = toy_demos(cfg, n=16, p_no_search=0.5, seed=0)
     history = train_sft(model, tok, demos, SFTConfig(epochs=5, lr=3e-3, batch_size=4))
     assert history[-1] < history[0] * 0.75, history
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_sft_stopped_mid_way_resumes_as_if_it_never_stopped(tmp_path):
+    # an hour-long warm start spans sessions: its state after each epoch is kept and a new process goes on from it
+    cfg = _cfg(tmp_path)
+    tok = load_tokenizer(cfg.model)
+    demos = toy_demos(cfg, n=16, p_no_search=0.5, seed=0)
+    opts = SFTConfig(epochs=3, lr=3e-3, batch_size=4, seed=5)
+    probes: list[int] = []  # what a caller keeps beside the model (the warm start: its probes)
+
+    def keep(name: str) -> EpochCheckpoint:
+        return EpochCheckpoint(str(tmp_path / name / "copy.pt"), lambda: {"probes": list(probes)},
+                               lambda extra: probes.extend(extra["probes"]))  # fmt: skip
+
+    def until(stop_at: int | None):
+        def called(epoch: int, loss: float) -> bool:
+            if epoch == stop_at:
+                raise _Stopped  # the process dies after epoch 2's training, before its state is saved
+            probes.append(epoch)
+            return False
+
+        return called
+
+    whole = load_model(cfg.model, tok, seed=0)
+    history = train_sft(whole, tok, demos, opts, until=until(None), checkpoint=keep("whole"))
+    assert probes == [1, 2, 3]
+    probes.clear()
+    first = load_model(cfg.model, tok, seed=0)
+    with pytest.raises(_Stopped):
+        train_sft(first, tok, demos, opts, until=until(2), checkpoint=keep("stopped"))
+    probes.clear()
+    resumed = load_model(cfg.model, tok, seed=1)  # another process: its own initial weights, replaced by the state
+    assert train_sft(resumed, tok, demos, opts, until=until(None), checkpoint=keep("stopped")) == history
+    assert probes == [1, 2, 3]  # epoch 1's kept with the state, 2 and 3 measured again
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    # a finished training is not trained again
+    assert train_sft(resumed, tok, demos, opts, until=until(1), checkpoint=keep("stopped")) == history
 
 
 def _scripted_probe(cfg, answer_right: bool, search: bool, n_questions: int = 8):
@@ -162,6 +204,7 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     cfg = _cfg(tmp_path, *quick)
     path = warm_start(cfg)
     assert os.path.isfile(os.path.join(path, "config.json"))
+    assert not os.path.exists(path + ".partial")  # the copy phase's per-epoch state goes once the warm start is saved
     report = read_report(path)
     assert report["epochs"] == 1 and len(report["loss"]) == 2
     assert [(p["phase"], p["epoch"]) for p in report["probes"]] == [("copy", 1), ("mix", 1)]
