@@ -1,5 +1,5 @@
 """The deep toy world (data=toy_world_deep, +recipe=deep_search_grpo): 4-6 hop chains whose answers follow the
-facts, searching trajectories that pass the tiny policy's 768 positions for at least a third of the questions when
+facts, searching trajectories that pass the tiny policy's 512 positions for at least a third of the questions when
 nothing folds, and a warm start whose demonstrations are folded as the rollout folds (rsearch_verl/toy/fold_demos.py).
 
 Run: .venv/bin/python -m pytest -q tests/toy/test_toy_world_deep.py
