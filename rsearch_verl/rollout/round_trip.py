@@ -27,7 +27,9 @@ which is what check 1 catches.
 Where it runs: `generate_batch_async` (batch mode: every training batch and validation), on the first
 `rollout.round_trip_sample` trajectories, when `rollout.round_trip_check` is on (auto: chat-template runs). It
 re-renders a few conversations per batch (milliseconds). Trajectories whose context folded (rollout.context) are
-skipped (a fold rewrites the context by design). The streaming rollout (trainer.rollout_mode=streaming) is not checked.
+skipped (a fold rewrites the context by design). The streaming rollout (trainer.rollout_mode=streaming,
+rsearch_verl/rollout/stream.py) checks each finished group's sample the same way; a mismatch fails the run at the
+driver's next poll.
 
     metrics = check_round_trip(trajs, batch, tokenizer, protocol, sample=4)   # raises RoundTripError
 """

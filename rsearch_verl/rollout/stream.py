@@ -11,7 +11,8 @@ which the driver's admission (rsearch_verl/trainer/admission.py) needs to bound 
 
 The engine, the agent loop, the context window and the search client are the batch rollout's
 (rsearch_verl/rollout/agent_loop.py): a streamed trajectory is the trajectory a batch would have generated from the
-same seed and the same weights.
+same seed and the same weights, and a sample of each finished group gets the batch's token round-trip check
+(rsearch_verl/rollout/round_trip.py): a mismatch fails the run at the driver's next poll.
 
     stream = TrajectoryStream(engine, tokenizer, cfg, protocol)        # starts its thread
     stream.submit([group_a, group_b])      # DataProto of one prompt each; meta_info: seed, stream_seq
@@ -46,6 +47,7 @@ from rsearch_verl.rollout.agent_loop import (
 from rsearch_verl.rollout.context import ContextWindow
 from rsearch_verl.rollout.engines.base import RolloutEngine
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.rollout.round_trip import RoundTripError, check_round_trip, round_trip_enabled
 from rsearch_verl.search.process import process_breaker, process_search_client
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class TrajectoryStream:
         self._groups: dict[int, _Group] = {}  # submitted, not yet finished (queued or generating)
         self._finished: collections.deque[DataProto] = collections.deque()
         self._failed: list[int] = []  # groups whose generation raised, since the last poll
+        self._round_trip = round_trip_enabled(cfg)  # each finished group's sample checked, as a batch's is
+        self._fatal: RoundTripError | None = None  # a failed round trip: the next poll raises it (the run fails)
         self._lock = threading.Condition()  # guards _finished and the counters below
         self._busy_s, self._busy_since, self._window_start = 0.0, None, time.perf_counter()
         self._running = 0  # trajectories generating now (holding a slot of the pool)
@@ -95,7 +99,9 @@ class TrajectoryStream:
         `busy_s` (seconds with at least one trajectory generating, since start-up); with `metrics`, the search window
         since the last such poll."""
         with self._lock:
-            self._lock.wait_for(lambda: self._finished or self._failed, timeout=wait_s)
+            self._lock.wait_for(lambda: self._finished or self._failed or self._fatal, timeout=wait_s)
+            if self._fatal is not None:
+                raise self._fatal
             finished, self._finished = list(self._finished), collections.deque()
             failed, self._failed = self._failed, []
         state = {**self._call(self._state), "failed": failed}
@@ -163,6 +169,14 @@ class TrajectoryStream:
         out = trajectories_batch(trajs, group.prompts, self.tokenizer, {SEQ: group.seq},
                                  self.cfg.data.max_prompt_length, self.cfg.rollout.max_response_length)  # fmt: skip
         self._groups.pop(group.seq, None)
+        if self._round_trip:  # the trained ids are the sampled ones, observations the template's
+            try:
+                check_round_trip(trajs, out, self.tokenizer, self.protocol, self.cfg.rollout.round_trip_sample)
+            except RoundTripError as err:
+                with self._lock:
+                    self._fatal = err
+                    self._lock.notify_all()
+                return
         with self._lock:
             self.trajectories_done += len(trajs)
             self._finished.append(out)

@@ -19,7 +19,9 @@ from rsearch_verl.models import load_model
 from rsearch_verl.rollout.agent_loop import generate_batch, trajectories_batch
 from rsearch_verl.rollout.context import Turn
 from rsearch_verl.rollout.protocols import get_protocol, protocol_for
+from rsearch_verl.rollout.protocols.tool_call import ToolCallProtocol
 from rsearch_verl.rollout.round_trip import RoundTripError, check_round_trip, round_trip_enabled
+from rsearch_verl.rollout.stream import SEQ, TrajectoryStream
 from rsearch_verl.rollout.trajectory import Trajectory
 from rsearch_verl.search.types import Doc
 from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
@@ -147,6 +149,39 @@ def test_a_retokenised_policy_turn_fails_the_run():
     retokenised = _one_turn(prompt, canonical, obs)  # what a decode / re-encode pipeline would have trained
     with pytest.raises(RoundTripError, match="policy ids differ from the ids the engine sampled"):
         check_round_trip([traj], trajectories_batch([retokenised], prompts, tok, {}), tok, protocol)
+
+
+class _MisframedToolCalls(ToolCallProtocol):
+    """An environment bug: every observation gets a stray space after the template's frame."""
+
+    def wrap(self, body: str) -> str:
+        return super().wrap(body) + " "
+
+
+@pytest.mark.parametrize("misframed", [False, True])
+def test_the_streaming_rollout_checks_the_round_trip_too(misframed):
+    # trainer.rollout_mode=streaming: each finished group's sample is checked as a batch's is; a mismatch fails the
+    # run at the driver's next poll instead of being regenerated like an engine error
+    cfg = _cfg("qwen2")
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, n=2, max_turns=3))
+    tok = family_tokenizer("qwen2")
+    protocol = _MisframedToolCalls() if misframed else protocol_for(cfg)
+    rows = [{"prompt": protocol.build_prompt("is it so?", "instruct"), "golden_answers": ["yes"]}]
+    group = PromptDataset(rows, tok, max_prompt_length=2048, protocol=protocol).to_batch([0], uids=["a"])
+    group.meta_info.update(seed=3, **{SEQ: 0})
+    engine = ScriptedHFEngine(load_model(cfg.model, tok, seed=0), tok, lambda ctx: CALLS["qwen2"].format(k=1))
+    stream = TrajectoryStream(engine, tok, cfg, protocol, search=_search)
+    try:
+        stream.submit([group])
+        if misframed:
+            with pytest.raises(RoundTripError, match="chat template"):
+                stream.poll(wait_s=60)
+            return
+        finished, _ = stream.poll(wait_s=60)
+        assert len(finished) == 1 and list(finished[0].non_tensor_batch["n_searches"]) == [2, 2]  # checked: no raise
+    finally:
+        stream.close()
+        engine.close()
 
 
 def test_the_switch():
