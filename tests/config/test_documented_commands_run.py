@@ -125,8 +125,8 @@ SKIP = {
     ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_grpo rollout.max_turns=16 "
     "rollout.context.strategy=drop_observations rollout.context.max_tokens=1024": "a main job with the default world's "
     "warm start (~10 min; tests/e2e/test_e2e_resume.py runs a folding main job)",
-    ".venv/bin/python benchmarks/bf16_mismatch.py": "a benchmark (~1 min; SmolLM2 in both dtypes): it measures, nothing "
-    "it prints is asserted; the default correction it motivates is tests/algos/test_algos_off_policy.py's",
+    ".venv/bin/python benchmarks/bf16_mismatch.py": "a benchmark (~1 min; SmolLM2 in both dtypes): it measures, "
+    "nothing it prints is asserted; the default correction it motivates is tests/algos/test_algos_off_policy.py's",
     ".venv/bin/python benchmarks/engines.py": "a benchmark: six SmolLM2 main jobs, ~40 min on a quiet machine",
     ".venv/bin/python benchmarks/long_horizon.py --turns 64": "a benchmark (~1 min quiet; the deep world's build and "
     "four 64-turn trajectories); tests/rollout/test_rollout_context.py runs 128 scripted turns",
