@@ -121,20 +121,9 @@ def qwen25_tokenizer(save_dir: str):
 
 
 def build_tiny_qwen2(tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
-    # heavy: transformers only when a model is built
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        **{f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)},  # the shape, by field name
-        tie_word_embeddings=True,
-        use_cache=True,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    return model.to(dtype)
+    """A random Qwen2ForCausalLM with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig): the default
+    family's `build_tiny_model`."""
+    return build_tiny_model("qwen2", tiny_cfg, vocab_size, seed=seed, dtype=dtype)
 
 
 # Qwen's added tokens in id order from 151643 (Qwen2.5 ends at 151664; Qwen3 adds the last four). `special`: hidden
@@ -248,7 +237,7 @@ def llama3_tokenizer(vocab_size: int = 512):
 
 
 def family_tokenizer(family: str):
-    """The tiny policy's tokenizer for `family` (the qwen2 one is the small ChatML BPE of rsearch_verl/models.py)."""
+    """The tiny policy's tokenizer for `family` (qwen2: the small ChatML BPE trained on DEFAULT_TOKENIZER_TEXTS)."""
     if family == "qwen3":
         return qwen3_tokenizer()
     if family == "llama3":
