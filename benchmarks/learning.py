@@ -164,11 +164,10 @@ def warm_start_of(variant: str, world: int, args) -> str:
     from rsearch_verl.rollout.protocols import protocol_for
     from rsearch_verl.run_context import RunContext
     from rsearch_verl.toy.run_data import toy_world_data
-    from rsearch_verl.toy.warm_start import cache_key
+    from rsearch_verl.toy.warm_start import warm_start_dir
 
     cfg = load_config([*VARIANTS[variant], *WORLDS[args.world], f"data.toy_world.seed={world}", *args.extra])
-    cfg = RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg)
-    path = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
+    path = warm_start_dir(RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg))
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{variant}'s warm start for world {world} is not built ({path}): run its cells first")
     return path

@@ -244,7 +244,7 @@ def warm_start(cfg: RSearchConfig) -> str:
     child process (`build`): training SmolLM2-135M peaks at ~10 GB, and a process that did it keeps most of that
     (measured: a driver that built it in-process held 9.8 GB to the end of its run, next to the workers)."""
     opts = cfg.warm_start
-    out = os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
+    out = warm_start_dir(cfg)
     if os.path.isfile(os.path.join(out, "config.json")):
         logger.info("warm start: cached at %s", out)
         return out
@@ -263,6 +263,11 @@ def warm_start(cfg: RSearchConfig) -> str:
         report = pool.submit(build, cfg, out).result()  # WarmStartError and others re-raised here
     logger.info("warm start trained (loss %s) -> %s", [round(x, 3) for x in report["loss"]], out)
     return out
+
+
+def warm_start_dir(cfg: RSearchConfig) -> str:
+    """Where the warm start for `cfg` is (or will be) cached: <toy world cache>/warm_start/<cache_key(cfg)>."""
+    return os.path.join(os.path.expanduser(cfg.data.toy_world.cache_dir), "warm_start", cache_key(cfg))
 
 
 def _die_with_parent(parent: int) -> None:
