@@ -8,8 +8,8 @@ turn the window checks that the context, plus the turn's own new tokens, stays w
     none               the trajectory ends (finish_reason "context", counted): one growing sequence, never run past
                        the model's positions
     drop_observations  the context is rebuilt as the prompt and the history with older observations replaced by a
-                       short marker (the newest `keep_recent_turns` turns keep theirs); when markers are not enough
-                       the oldest turns go too, behind one marker
+                       short marker (the newest `keep_recent_turns` turns keep theirs: the next turn reads them);
+                       when markers are not enough the oldest turns go too, behind one marker
     summary            the environment opens a note (`<note>`, mask 0), the policy writes it (policy tokens, trained)
                        up to `</note>`, and the new context is the prompt and the note alone (MEM1 / ReSum-style)
 
@@ -33,6 +33,10 @@ from rsearch_verl.segments import OBSERVATION, POLICY
 
 NOTE_OPEN, NOTE_CLOSE = "<note>", "</note>"  # the summary strategy's note (policy text inside)
 OMITTED = "[omitted]"  # what a dropped observation (or the oldest turns) becomes, inside the protocol's tags
+# Bumped whenever a fold builds a different context for the same config (2: the newest observations are always kept),
+# so that the cached warm starts of folding recipes (their rows replay the folds: rsearch_verl/toy/warm_start.py)
+# are rebuilt
+FOLD_REVISION = 2
 
 
 @dataclass
@@ -130,18 +134,21 @@ class ContextWindow:
         return True
 
     def _dropped_context(self, traj) -> list[int]:
-        """The prompt and the newest turns that fit (observations beyond the recent ones as markers)."""
-        # the new context fills at most half of what the prompt leaves (so folds are not every turn), and leaves a
-        # whole turn of room both in the context budget and in the new row's response budget
+        """The prompt, the newest `keep_recent_turns` turns with their observations (the facts the next turn reads)
+        and older turns, their observations as markers, as far as the history target allows."""
+        # older history fills at most half of what the prompt leaves (so folds are not every turn); the newest turns
+        # may use up to the hard limit: a whole turn and its observation must still fit after the fold
         free = min(self.budget, traj.prompt_len + self.rc.max_response_length) - traj.prompt_len
         target = traj.prompt_len + max(0, (free - self.turn_need) // 2)
+        limit = min(self.budget, traj.prompt_len + self.rc.max_response_length) - self.turn_need
         kept: list[list[int]] = []
         used = traj.prompt_len + len(self.marker_ids)  # room for one marker standing for dropped turns
         for age, turn in enumerate(reversed(traj.turns)):
-            obs = turn.obs_ids if age < self.ctx.keep_recent_turns else (self.marker_ids if turn.obs_ids else [])
-            if used + len(turn.policy_ids) + len(obs) > target:
-                if age == 0 and obs and used + len(turn.policy_ids) + len(self.marker_ids) <= target:
-                    kept.append(turn.policy_ids + self.marker_ids)  # even the newest observation does not fit
+            recent = age < self.ctx.keep_recent_turns
+            obs = turn.obs_ids if recent else (self.marker_ids if turn.obs_ids else [])
+            if used + len(turn.policy_ids) + len(obs) > (limit if recent else target):
+                if recent and obs and used + len(turn.policy_ids) + len(self.marker_ids) <= limit:
+                    kept.append(turn.policy_ids + self.marker_ids)  # even this recent observation does not fit
                     used += len(turn.policy_ids) + len(self.marker_ids)
                     continue
                 break

@@ -50,6 +50,7 @@ from rsearch_verl.data.dataset import PromptDataset, render_prompt
 from rsearch_verl.log_setup import setup_logging
 from rsearch_verl.rewards.qa import exact_match
 from rsearch_verl.rollout.agent_loop import generate_batch
+from rsearch_verl.rollout.context import FOLD_REVISION
 from rsearch_verl.rollout.engines.hf import HFEngine
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.run_context import RunContext
@@ -321,8 +322,8 @@ SFT_OVERWRITTEN = ("epochs", "lr", "seed", "schedule")
 def cache_key(cfg: RSearchConfig) -> str:
     """The warm start's cache key: everything that shapes it -- the model and tokenizer (minus NOT_IN_KEY), the
     protocol, the world (not where its cache lies), the retriever's top-k, the options (the `warm_start` group, minus
-    SFT_OVERWRITTEN), model.warm_start_seed and, when the recipe folds, how it folds (rollout.context and the turn,
-    observation and row budgets) -- and not the RL seed, so RL seeds share one warm start."""
+    SFT_OVERWRITTEN), model.warm_start_seed and, when the recipe folds, how it folds (rollout.context, the turn,
+    observation and row budgets, and the fold's FOLD_REVISION) -- and not the RL seed: RL seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
     model_fields = {k: v for k, v in dataclasses.asdict(model).items()
@@ -334,6 +335,7 @@ def cache_key(cfg: RSearchConfig) -> str:
     if cfg.rollout.context.strategy != "none":  # folded demonstrations (fold_demos): the rows depend on how it folds
         rc = cfg.rollout
         key += [dataclasses.asdict(rc.context), rc.max_tokens_per_turn, rc.max_obs_length, rc.max_response_length]
+        key.append(FOLD_REVISION)
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

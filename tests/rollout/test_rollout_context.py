@@ -82,6 +82,9 @@ def test_128_turns_fold_within_budget(engine, tok, retrieval_url, strategy):
     else:
         later = tok.decode(traj.rows[-1].prompt_ids)
         assert OMITTED in later and later.count("<information>") >= 2  # markers and the newest observation
+        for row in traj.rows[1:]:  # every fold keeps the newest observation whole: the next turn reads its facts
+            newest = tok.decode(row.prompt_ids).rsplit("<information>", 1)[1]
+            assert OMITTED not in newest and "Hamlet" in newest
 
 
 def test_none_ends_at_the_budget(engine, tok, retrieval_url):
