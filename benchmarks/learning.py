@@ -231,6 +231,8 @@ def report(rows: list[dict], variants: list[str]) -> list[str]:
     effects += _paired(
         by_variant, "grpo_stream", "grpo", "streaming vs synchronous GRPO (EM after RL, grpo_stream - grpo"
     )
+    effects += _paired(by_variant, "deep_drop", "deep_none", "context management (EM after RL, deep_drop - deep_none")
+    effects += _paired(by_variant, "deep_summary", "deep_none", "notes (EM after RL, deep_summary - deep_none")
     lines += effects + (_seed_effect(by_variant, "ppo") if effects else [])
     lines += [f"stopped: {r['variant']} seed {r['seed']} world {r['world']}: {r['stopped']}" for r in stopped]
     head = by_variant.get("ppo") or next((r for r in by_variant.values() if r), None)
