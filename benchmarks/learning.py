@@ -173,6 +173,17 @@ def warm_start_of(variant: str, world: int, args) -> str:
     return path
 
 
+def _built(cell: tuple, args) -> bool:
+    """Whether the warm start `cell` (variant, seed, world) starts from is built already (the tiny policy's and
+    SmolLM2's are cached by key; a variant with another start counts as not built, so its world runs one cell first)."""
+    variant, _, world = cell
+    try:
+        warm_start_of(SHARED_WARM_START.get(variant, variant), world, args)
+    except Exception:  # noqa: BLE001 - not built, or not a cached warm start: the safe order
+        return False
+    return True
+
+
 def read_run(run_dir: str) -> dict:
     """Held-out EM and searches per question before the first update and after the last one, and EM after by
     question type (the validation's per-source EM, e.g. toy_world_2hop)."""
@@ -337,19 +348,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def run_cells(todo: list[tuple], args) -> Iterator[dict]:
     """Run the cells `args.jobs` at a time, yielding each row as it finishes (a crash later loses no finished cell).
     A world's first cell builds its warm start, so the world's other cells wait for it (concurrent runs must not build
-    the same warm start twice); other worlds' cells run meanwhile."""
+    the same warm start twice); other worlds' cells, and those of a world whose warm starts are all built, run
+    meanwhile."""
     firsts: dict[int, tuple] = {}
     for cell in todo:
         firsts.setdefault(cell[2], cell)
+    ready = {w for w in firsts if all(_built(c, args) for c in todo if c[2] == w)}
+    firsts = {w: c for w, c in firsts.items() if w not in ready}
     later = {w: [c for c in todo if c[2] == w and c != first] for w, first in firsts.items()}
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        pending = {pool.submit(run_cell, *c, args): c for c in firsts.values()}
+        start = [*firsts.values(), *(c for c in todo if c[2] in ready)]
+        pending = {pool.submit(run_cell, *c, args): c for c in start}
         while pending:
             finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in finished:
                 cell = pending.pop(future)
                 yield future.result()
-                if cell == firsts[cell[2]]:  # the world's warm start is cached now
+                if firsts.get(cell[2]) == cell:  # the world's warm start is cached now
                     pending |= {pool.submit(run_cell, *c, args): c for c in later.pop(cell[2])}
 
 

@@ -113,6 +113,34 @@ def test_a_worlds_runs_wait_for_its_first_while_other_worlds_run(monkeypatch):
     assert world0_done < events.index(("end", "ppo", 1, 1)), events
 
 
+def test_a_world_whose_warm_starts_are_built_runs_its_cells_at_once(monkeypatch):
+    """A world whose warm starts are cached already (e.g. built by an earlier grid) has nothing to wait for: its
+    cells start together, up to the jobs; a world still to build runs its first cell alone."""
+    import threading
+    import time
+    import types
+
+    bench, events, lock = _bench(), [], threading.Lock()
+
+    def run_cell(variant, seed, world, args):
+        with lock:
+            events.append(("start", variant, seed, world))
+        time.sleep(0.3 if (variant, seed) == ("ppo", 1) else 0.02)
+        with lock:
+            events.append(("end", variant, seed, world))
+        return _row(variant, seed, world, 0.0, 0.5)
+
+    monkeypatch.setattr(bench, "run_cell", run_cell)
+    monkeypatch.setattr(bench, "_built", lambda cell, args: cell[2] == 0)  # world 0 cached, world 1 not
+    cells = [(v, s, w) for w in (0, 1) for s in (1, 2) for v in ("ppo", "grpo")]
+    rows = list(bench.run_cells(cells, types.SimpleNamespace(jobs=8)))
+    assert sorted((r["variant"], r["seed"], r["world"]) for r in rows) == sorted(cells)
+    ready_first_end = events.index(("end", "ppo", 1, 0))
+    assert all(events.index(("start", *c)) < ready_first_end for c in cells if c[2] == 0), events
+    building_first_end = events.index(("end", "ppo", 1, 1))
+    assert all(events.index(("start", *c)) > building_first_end for c in cells if c[2] == 1 and c[:2] != ("ppo", 1))
+
+
 def test_em_after_by_question_type_is_the_spread_over_runs():
     bench = _bench()
     rows = [_row("ppo", s, 0, 0.0, 0.5) for s in (1, 2, 3)]
