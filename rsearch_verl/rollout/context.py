@@ -138,9 +138,9 @@ class ContextWindow:
         and older turns, their observations as markers, as far as the history target allows."""
         # older history fills at most half of what the prompt leaves (so folds are not every turn); the newest turns
         # may use up to the hard limit: a whole turn and its observation must still fit after the fold
-        free = min(self.budget, traj.prompt_len + self.rc.max_response_length) - traj.prompt_len
-        target = traj.prompt_len + max(0, (free - self.turn_need) // 2)
-        limit = min(self.budget, traj.prompt_len + self.rc.max_response_length) - self.turn_need
+        ceiling = min(self.budget, traj.prompt_len + self.rc.max_response_length)
+        target = traj.prompt_len + max(0, (ceiling - traj.prompt_len - self.turn_need) // 2)
+        limit = ceiling - self.turn_need
         kept: list[list[int]] = []
         used = traj.prompt_len + len(self.marker_ids)  # room for one marker standing for dropped turns
         for age, turn in enumerate(reversed(traj.turns)):
