@@ -173,13 +173,12 @@ def warm_start_of(variant: str, world: int, args) -> str:
     return path
 
 
-def _built(cell: tuple, args) -> bool:
-    """Whether the warm start `cell` (variant, seed, world) starts from is built already (the tiny policy's and
-    SmolLM2's are cached by key; a variant with another start counts as not built, so its world runs one cell first)."""
-    variant, _, world = cell
+def _built(variant: str, world: int, args) -> bool:
+    """Whether `variant`'s warm start for `world` is cached already (one whose key cannot be found counts as not
+    built, so its world runs one cell first)."""
     try:
-        warm_start_of(SHARED_WARM_START.get(variant, variant), world, args)
-    except Exception:  # noqa: BLE001 - not built, or not a cached warm start: the safe order
+        warm_start_of(variant, world, args)
+    except FileNotFoundError:
         return False
     return True
 
@@ -353,7 +352,8 @@ def run_cells(todo: list[tuple], args) -> Iterator[dict]:
     firsts: dict[int, tuple] = {}
     for cell in todo:
         firsts.setdefault(cell[2], cell)
-    ready = {w for w in firsts if all(_built(c, args) for c in todo if c[2] == w)}
+    starts = {(SHARED_WARM_START.get(v, v), w) for v, _, w in todo}  # a warm start per (variant, world), not seed
+    ready = {w for w in firsts if all(_built(v, sw, args) for v, sw in starts if sw == w)}
     firsts = {w: c for w, c in firsts.items() if w not in ready}
     later = {w: [c for c in todo if c[2] == w and c != first] for w, first in firsts.items()}
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:

@@ -101,6 +101,7 @@ def test_a_worlds_runs_wait_for_its_first_while_other_worlds_run(monkeypatch):
         return _row(variant, seed, world, 0.0, 0.5)
 
     monkeypatch.setattr(bench, "run_cell", run_cell)
+    monkeypatch.setattr(bench, "_built", lambda variant, world, args: False)  # no warm start cached yet
     cells = [(v, s, w) for w in (0, 1) for s in (1, 2) for v in ("ppo", "grpo")]
     rows = list(bench.run_cells(cells, types.SimpleNamespace(jobs=2)))
     assert sorted((r["variant"], r["seed"], r["world"]) for r in rows) == sorted(cells)
@@ -131,7 +132,7 @@ def test_a_world_whose_warm_starts_are_built_runs_its_cells_at_once(monkeypatch)
         return _row(variant, seed, world, 0.0, 0.5)
 
     monkeypatch.setattr(bench, "run_cell", run_cell)
-    monkeypatch.setattr(bench, "_built", lambda cell, args: cell[2] == 0)  # world 0 cached, world 1 not
+    monkeypatch.setattr(bench, "_built", lambda variant, world, args: world == 0)  # world 0 cached, 1 not
     cells = [(v, s, w) for w in (0, 1) for s in (1, 2) for v in ("ppo", "grpo")]
     rows = list(bench.run_cells(cells, types.SimpleNamespace(jobs=8)))
     assert sorted((r["variant"], r["seed"], r["world"]) for r in rows) == sorted(cells)
