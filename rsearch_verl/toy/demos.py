@@ -190,10 +190,25 @@ def question_attrs(q: dict) -> list[str]:
     raise ValueError(f"demonstrations: {q['question']!r} matches no toy-world template")
 
 
-def hop_facts(q: dict) -> list[str]:
-    """The fact each hop's search finds, as a sentence ("The mentor of Kiro Baz is Tul Vex."): what a note restates."""
+NOTE_FORM = 2  # the wording of hop_notes, in the summary warm start's cache key (1: every fact found, restated)
+
+
+def hop_notes(q: dict) -> list[str]:
+    """The note a summary fold writes after k hops were found, for k = 0 .. hops (MEM1-style state, not a transcript):
+    the newest fact and what is left of the chain, the question rewritten around the newest entity ("The mentor of
+    Kiro Baz is Tul Vex. Left: the region of the birthplace of Tul Vex."). Each note is a few local copies (the newest
+    fact from the observation just read, the rest of the chain from the note before with one link fewer) and stays
+    short at any depth: a note restating every fact found was a long copy among near-twin names that the one-head toy
+    policy got wrong more often with each fold (docs/long_horizon.md)."""
     attrs, chain = question_attrs(q), list(q["entities"]) + q["golden_answers"][:1]
-    return [fact_sentence(attrs[h], chain[h], chain[h + 1]) for h in range(q["hops"])]
+    notes = []
+    for k in range(q["hops"] + 1):
+        left = "nothing." if k == q["hops"] else fact_key(attrs[k], chain[k]) + "."
+        for attr in attrs[k + 1 :]:
+            left = f"{PHRASE[attr]} of {left}"
+        found = fact_sentence(attrs[k - 1], chain[k - 1], chain[k]) + " " if k else ""
+        notes.append(f"{found}Left: {left}")
+    return notes
 
 
 def _evidence(passages: dict[str, str], proto, q: dict) -> str:
@@ -318,7 +333,7 @@ def demonstrations(
         prompt = proto.build_prompt(q["question"], variant)
         out.append(
             {"prompt": prompt, "segments": segments, "answer": answer, "question": q["question"], "searched": searched,
-             "facts": hop_facts(q)}
+             "notes": hop_notes(q)}
         )  # fmt: skip
     if len(out) < n:
         raise ValueError(f"demonstrations: only {len(out)} of {n} after {20 * n} draws (searches miss their facts)")

@@ -3,10 +3,11 @@
 A searched demonstration of a long chain passes the context budget of a long-horizon recipe (rollout.context). Here it
 is replayed through the agent loop itself (rsearch_verl/rollout/agent_loop.py `run_trajectory`, whose context window,
 rsearch_verl/rollout/context.py, is the one owner of folds): a replay engine writes the demonstration's turns (and,
-with the summary strategy, a note restating the facts found so far when the environment opens one), a replay protocol
-returns its recorded observations. Each row of the replayed trajectory becomes one SFT example of token ids and loss
-weights: the row's context (as the rollout would show it after a fold) weight 0, the policy's tokens (its notes
-included) weight 1, observations and markers 0, and an EOS after the last row's answer.
+with the summary strategy, the note of demos.py `hop_notes` -- the newest fact and what is left of the chain -- when
+the environment opens one), a replay protocol returns its recorded observations. Each row of the replayed trajectory
+becomes one SFT example of token ids and loss weights: the row's context (as the rollout would show it after a fold)
+weight 0, the policy's tokens (its notes included) weight 1, observations and markers 0, and an EOS after the last
+row's answer.
 
     demos = fold_demos(demos, cfg, tokenizer, protocol)   # long searched demos -> one example per row
     # {"prompt", "ids": [int], "weights": [float], "searched": True, ...}: rsearch_verl/sft.py trains ids / weights
@@ -25,18 +26,18 @@ from rsearch_verl.segments import OBSERVATION
 
 class ReplayEngine(RolloutEngine):
     """Writes a demonstration's policy turns one per call; a note when the context ends with the environment's
-    `<note>` (the facts of the observations seen so far)."""
+    `<note>` (`notes[k]`: the state after the k searches so far, one hop each)."""
 
-    def __init__(self, tokenizer, turns: list[str], facts: list[str]):
-        self.tokenizer, self.turns, self.facts = tokenizer, turns, facts
+    def __init__(self, tokenizer, turns: list[str], notes: list[str]):
+        self.tokenizer, self.turns, self.notes = tokenizer, turns, notes
         self.next_turn = 0
         self.note_open = tokenizer.encode(NOTE_OPEN, add_special_tokens=False)
         self.version = 0
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> GenerationResult:
         if prompt_ids[-len(self.note_open) :] == self.note_open:
-            seen = " ".join(self.facts[: self.next_turn] or ["nothing found yet."])  # one fact per search
-            text, stop_string = f" {seen} {NOTE_CLOSE}", NOTE_CLOSE
+            note = self.notes[min(self.next_turn, len(self.notes) - 1)]
+            text, stop_string = f" {note} {NOTE_CLOSE}", NOTE_CLOSE
         else:
             text = self.turns[min(self.next_turn, len(self.turns) - 1)]
             stop_string = next((s for s in stop if text.endswith(s)), None)
@@ -80,7 +81,7 @@ def _turns(segments: list) -> tuple[list[str], list[str]]:
 def fold_demo(demo: dict, cfg: RSearchConfig, tokenizer, protocol) -> list[dict]:
     """The SFT examples (one per row) of one searched demonstration replayed under `cfg.rollout.context`."""
     turns, observations = _turns(demo["segments"])
-    engine = ReplayEngine(tokenizer, turns, demo["facts"])
+    engine = ReplayEngine(tokenizer, turns, demo["notes"])
     prompt = tokenizer.encode(demo["prompt"], add_special_tokens=False)
     sampling = SamplingParams(temperature=1.0, max_tokens=cfg.rollout.max_tokens_per_turn)
     replay = ReplayProtocol(protocol, observations)

@@ -55,7 +55,7 @@ from rsearch_verl.rollout.engines.hf import HFEngine
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import EpochCheckpoint, load_policy, save_hf, train_sft
-from rsearch_verl.toy.demos import demonstrations, practice_search, practice_sides
+from rsearch_verl.toy.demos import NOTE_FORM, demonstrations, practice_search, practice_sides
 from rsearch_verl.toy.fold_demos import fold_demos
 from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.world import build_toy_world, world_fields
@@ -323,7 +323,8 @@ def cache_key(cfg: RSearchConfig) -> str:
     """The warm start's cache key: everything that shapes it -- the model and tokenizer (minus NOT_IN_KEY), the
     protocol, the world (not where its cache lies), the retriever's top-k, the options (the `warm_start` group, minus
     SFT_OVERWRITTEN), model.warm_start_seed and, when the recipe folds, how it folds (rollout.context, the turn,
-    observation and row budgets, and the fold's FOLD_REVISION) -- and not the RL seed: RL seeds share one warm start."""
+    observation and row budgets, the fold's FOLD_REVISION and the summary notes' NOTE_FORM) -- and not the RL seed: RL
+    seeds share one warm start."""
     defaults = ModelConfig()
     model = dataclasses.replace(cfg.model, **{name: getattr(defaults, name) for name in NOT_IN_KEY})
     model_fields = {k: v for k, v in dataclasses.asdict(model).items()
@@ -336,6 +337,8 @@ def cache_key(cfg: RSearchConfig) -> str:
         rc = cfg.rollout
         key += [dataclasses.asdict(rc.context), rc.max_tokens_per_turn, rc.max_obs_length, rc.max_response_length]
         key.append(FOLD_REVISION)
+        if cfg.rollout.context.strategy == "summary":  # the demonstrations' notes (demos.py hop_notes)
+            key.append(NOTE_FORM)
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
