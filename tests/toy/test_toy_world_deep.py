@@ -16,7 +16,8 @@ from rsearch_verl.config import load_config
 from rsearch_verl.rollout.context import NOTE_CLOSE, NOTE_OPEN
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.sft import tokenize_demo
-from rsearch_verl.toy.demos import demonstrations
+from rsearch_verl.toy.demos import demonstrations, hop_notes
+from rsearch_verl.toy.entities import PHRASE, fact_key, fact_sentence
 from rsearch_verl.toy.tokenizer import toy_tokenizer
 from rsearch_verl.toy.warm_start import toy_demos
 from rsearch_verl.toy.world import build_toy_world
@@ -72,6 +73,25 @@ def test_warm_start_demonstrations_are_folded_rows(deep, strategy):
         assert all(NOTE_OPEN in tok.decode(d["ids"]) for d in folded)
         earlier = [d for d in rows if d["ids"][-1] != tok.eos_token_id]
         assert all(tok.decode(d["ids"]).rstrip().endswith(NOTE_CLOSE) for d in earlier)  # a row ends with its note
+        for d in earlier:  # a note states only what this row's context retrieved: never the next hop's answer
+            context = tok.decode([t for t, w in zip(d["ids"], d["weights"], strict=True) if w == 0])
+            note = tok.decode(d["ids"]).rsplit(NOTE_OPEN, 1)[1]
+            found = note.split(" Left:")[0].strip()
+            assert not found or found.split(" is ", 1)[1].rstrip(".") in context.rsplit(NOTE_OPEN, 1)[0]
+
+
+def test_summary_notes_are_the_newest_fact_and_the_chain_left(deep):
+    _, world, _ = deep
+    for q in world.questions("val")[:64]:
+        notes, chain = hop_notes(q), q["entities"] + q["golden_answers"][:1]
+        assert len(notes) == q["hops"] + 1 and notes[-1].endswith("Left: nothing.")
+        assert notes[0].startswith("Left: ") and notes[0].endswith(f"{fact_key(q['path'][0], chain[0])}.")
+        assert notes[0].count(" of ") == q["hops"] and all(PHRASE[attr] in notes[0] for attr in q["path"])
+        for k in range(1, q["hops"] + 1):  # the fact found at hop k-1, then the rest around its value
+            assert notes[k].startswith(fact_sentence(q["path"][k - 1], chain[k - 1], chain[k]) + " Left: ")
+            if k < q["hops"]:  # the innermost link is the next search
+                assert notes[k].endswith(f"{fact_key(q['path'][k], chain[k])}.")
+        assert all(len(notes[k + 1]) <= len(notes[k]) + 8 for k in range(1, q["hops"]))  # short at any depth
 
 
 def test_a_world_too_small_for_its_twins_says_so(tmp_path):
