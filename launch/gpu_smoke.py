@@ -11,6 +11,10 @@ Checks (one table row each: status, numbers, seconds; `--json PATH` writes the r
     ppo_e2e      two PPO steps of `python -m rsearch_verl.main` on this GPU (bf16, colocated actor + critic + rollout
                  engine: vLLM when installed, else Hugging Face); finite losses; the engine's log-probs of the sampled
                  tokens after a weight sync within 0.02 (mean) of the actor's; peak GPU memory (nvidia-smi) < 90 %
+    deep_e2e     two GRPO steps of `+recipe=deep_search_grpo` (up to 8 turns, drop_observations) on this GPU in bf16;
+                 with `--deep-policy DIR` (the deep world's warm start, `python -m rsearch_verl.toy.warm_start --out
+                 DIR +recipe=deep_search_grpo`, built on this machine: a toy tokenizer trained by another
+                 `tokenizers` version differs, and the run refuses the checkpoint) its trajectories must search and fold
     logprob_mem  benchmarks/logprob_memory.py on this GPU: peak memory of chunked vs unchunked log-probs (152k vocab)
     faiss_gpu    recall@10 of a flat inner-product index on the GPU equals the CPU index's
     model_3b     (--big) two GRPO steps of a random model with Qwen2.5-3B's shape (toy vocabulary) on one GPU:
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -231,26 +236,38 @@ def check_model_3b(allow_missing: set[str], workdir: str) -> dict:
     return row
 
 
-def check_deep_e2e(allow_missing: set[str], workdir: str) -> dict:
-    """The long-horizon recipe (docs/long_horizon.md) in bfloat16 on the GPU: 2 GRPO steps of up to 8 turns in a context
-    of 448 tokens (drop_observations), rows padded for the update (phases.fit_rows)."""
-    overrides = [
+def deep_overrides(workdir: str, policy: str | None) -> list[str]:
+    """check_deep_e2e's run: without a policy, the random tiny one in a 448-token context (it hardly searches, so
+    nothing folds); with `policy` (the deep world's warm start, built on a CPU machine and carried), the recipe's own
+    world and budgets at temperature 1, where searching trajectories fold."""
+    common = ["rollout.engine=hf", "rollout.n=4", "data.train_batch_size=4", "rollout.max_turns=8"]
+    if policy:
+        own = ("data.toy_world.", "rollout.max_", "model.sft_checkpoint=")  # the recipe's world and budgets
+        return [o for o in E2E if not o.startswith(own)] + common + [f"model.sft_checkpoint={policy}"]
+    return [
         *E2E,
-        "rollout.engine=hf",
-        "rollout.n=2",
-        "data.train_batch_size=4",
+        *common,
         "data.max_prompt_length=256",
-        "rollout.max_turns=8",
         "rollout.context.max_tokens=448",
         "data.toy_world.n_entities=480",  # the deep world's own size: its twins and chains need the entities
         f"data.toy_world.cache_dir={workdir}/toy",
     ]
-    rows, share, wall = _run_main("deep_search_grpo", f"{workdir}/deep", overrides, timeout_s=240)
+
+
+def check_deep_e2e(allow_missing: set[str], workdir: str, policy: str | None = None) -> dict:
+    """The long-horizon recipe (docs/long_horizon.md) in bfloat16 on the GPU: 2 GRPO steps of up to 8 turns
+    (drop_observations), rows padded for the update (phases.fit_rows). With `--deep-policy` (a warm start of the deep
+    world) its trajectories search and fold, and the check fails unless some do."""
+    rows, share, wall = _run_main("deep_search_grpo", f"{workdir}/deep", deep_overrides(workdir, policy), 300)
     row = {**_finite(rows, ("actor/pg_loss", "actor/grad_norm")), "mem_peak_share": round(share, 3)}
     steps = [r for r in rows if "timing/step_s" in r]
-    row.update({k: steps[-1].get(k) for k in ("timing/step_s", "rollout/folds_max", "rollout/rows_per_trajectory")})
+    row.update({k: steps[-1].get(k) for k in ("timing/step_s", "rollout/rows_per_trajectory")})
+    row["folds_max"] = max(r.get("rollout/folds_max", 0.0) for r in steps)
+    row["searches_mean"] = max(r.get("rollout/searches_mean", 0.0) for r in steps)
     row["wall_s"] = round(wall, 1)
     assert share < MAX_MEMORY_SHARE, f"peak GPU memory {share:.0%} >= {MAX_MEMORY_SHARE:.0%}"
+    folded = row["searches_mean"] > 0 and row["folds_max"] >= 1
+    assert not policy or folded, f"the deep policy's trajectories must search and fold: {row}"
     return row
 
 
@@ -324,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-missing", default="", help="vllm,faiss_gpu,flash_attn: report SKIP instead of FAIL")
     p.add_argument("--big", action="store_true", help="also run model_3b (a 3B-shaped model, ~3 minutes)")
     p.add_argument("--json", default=None, help="write the result rows here")
+    p.add_argument("--deep-policy", default=None, help="deep_e2e: the deep world's warm start built here (HF dir)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     names = [n for n in CHECKS if n != "model_3b" or args.big]
@@ -331,10 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
     allow = {m.strip() for m in args.allow_missing.split(",") if m.strip()}
     results, workdir = [], tempfile.mkdtemp(prefix="gpu_smoke_")
+    checks = {**CHECKS, "deep_e2e": functools.partial(check_deep_e2e, policy=args.deep_policy)}
     for name in names:
         start = time.perf_counter()
         try:
-            row, status = CHECKS[name](allow, workdir), "PASS"
+            row, status = checks[name](allow, workdir), "PASS"
         except Skip as exc:
             row, status = {"why": str(exc)}, "SKIP"
         except Exception as exc:  # noqa: BLE001 - every check runs and reports; the exit code sums them up

@@ -22,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -94,3 +95,25 @@ def publish(src: str, run_dir: str, kind: str) -> str:
             raise
     logger.info("published %s %s -> %s (the run directory every host sees)", kind, src, dst)
     return dst
+
+
+def check_checkpoint_tokenizer(tokenizer_path: str | None, checkpoint: str | None) -> None:
+    """Refuse an SFT checkpoint whose own tokenizer is not the run's: its token ids would mean other words to it.
+
+    The toy world's tokenizer is trained where the run starts; another version of `tokenizers` can train a different
+    one from the same world (seen: 2358 tokens on a GPU machine against 2361 here), so a warm start carried from
+    another machine must be rebuilt there. Only directories that both hold a tokenizer.json are compared."""
+    files = [os.path.join(path, "tokenizer.json") for path in (tokenizer_path, checkpoint) if path]
+    if len(files) < 2 or not all(os.path.isfile(f) for f in files):
+        return
+    vocab = []
+    for path in files:
+        with open(path) as f:
+            vocab.append(json.load(f).get("model", {}).get("vocab"))
+    if vocab[0] != vocab[1]:
+        raise ValueError(
+            f"model.sft_checkpoint={checkpoint} was trained with another tokenizer than the run's "
+            f"({len(vocab[1] or {})} vs {len(vocab[0] or {})} tokens at {tokenizer_path}): a toy world's tokenizer is "
+            "trained where the run starts, and another tokenizers version trains another one; build the warm start "
+            "on this machine (model.sft_checkpoint=auto) or run where it was built"
+        )

@@ -29,7 +29,7 @@ from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
-from rsearch_verl.run_context import RunContext
+from rsearch_verl.run_context import RunContext, check_checkpoint_tokenizer
 from rsearch_verl.run_data import load_run_data
 from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
@@ -115,6 +115,7 @@ class TrainingSession:
 
             ctx = dataclasses.replace(ctx, sft_checkpoint=warm_start(with_tokenizer))
             self.warm_start_report = read_report(ctx.sft_checkpoint)
+        check_checkpoint_tokenizer(ctx.tokenizer_path, ctx.sft_checkpoint or with_tokenizer.model.sft_checkpoint)
         tokenizer = policy_tokenizer(with_tokenizer)
 
         def prompts(rows: list[dict], name: str) -> PromptDataset:

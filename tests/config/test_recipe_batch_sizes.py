@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib.util
 import os
 
 import pytest
@@ -178,3 +179,16 @@ def test_tiny_family_groups_compose_with_every_recipe_on_cpus(recipe, model):
         cfg = load_config([f"+recipe={recipe}", f"model={model}", f"trainer={trainer}"])
         assert (cfg.model.path, cfg.model.family, cfg.model.sft_checkpoint) == ("tiny", model[5:], None)
         assert cfg.model.use_chat_template and cfg.prompt_variant == "instruct"
+
+
+@pytest.mark.parametrize("policy", [None, "/some/deep_warm_start"])
+def test_gpu_smoke_deep_runs_compose(policy):
+    # launch/gpu_smoke.py deep_e2e: the random policy's small context, or a carried warm start in the recipe's own world
+    spec = importlib.util.spec_from_file_location("gpu_smoke", os.path.join(ROOT, "launch", "gpu_smoke.py"))
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    cfg = load_config(["+recipe=deep_search_grpo", *smoke.deep_overrides("/tmp/w", policy)])
+    assert cfg.trainer.device == "cuda" and cfg.model.dtype == "bfloat16" and cfg.rollout.max_turns == 8
+    assert cfg.model.sft_checkpoint == policy
+    own = load_config(["+recipe=deep_search_grpo"])
+    assert (cfg.data.toy_world == own.data.toy_world) == (policy is not None)  # a warm start needs its own world

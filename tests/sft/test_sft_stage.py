@@ -13,7 +13,7 @@ import rsearch_verl.toy.warm_start as warm_start_module
 from rsearch_verl.config import SFTConfig, load_config
 from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
-from rsearch_verl.run_context import RunContext
+from rsearch_verl.run_context import RunContext, check_checkpoint_tokenizer
 from rsearch_verl.sft import EpochCheckpoint, _collate, sft_loss, tokenize_demo, train_sft
 from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
@@ -219,6 +219,11 @@ def test_warm_start_is_cached_per_world_and_warm_start_seed_not_rl_seed(tmp_path
     run_cfg = RunContext(sft_checkpoint=path).apply(cfg)
     reloaded = load_model(run_cfg.model, load_tokenizer(run_cfg.model))
     assert isinstance(next(reloaded.parameters()), torch.Tensor)
+    check_checkpoint_tokenizer(cfg.model.tokenizer_path, path)  # built here: the run's own tokenizer
+    # another world's tokenizer stands for one trained by another tokenizers version: the run refuses the checkpoint
+    other = _cfg(tmp_path, "data.toy_world.seed=7").model.tokenizer_path
+    with pytest.raises(ValueError, match="model.sft_checkpoint=.*another tokenizer"):
+        check_checkpoint_tokenizer(other, path)
 
 
 def test_probe_generates_in_the_compute_dtype_with_the_current_weights(tmp_path):
