@@ -175,7 +175,10 @@ def warm_start_of(variant: str, world: int, args) -> str:
 
 def _built(variant: str, world: int, args) -> bool:
     """Whether `variant`'s warm start for `world` is cached already (one whose key cannot be found counts as not
-    built, so its world runs one cell first)."""
+    built, so its world runs one cell first). A grid given its policy (`--extra model.sft_checkpoint=DIR`) builds
+    none."""
+    if any(e.startswith("model.sft_checkpoint=") and e != "model.sft_checkpoint=auto" for e in args.extra):
+        return True
     try:
         warm_start_of(variant, world, args)
     except FileNotFoundError:

@@ -142,6 +142,14 @@ def test_a_world_whose_warm_starts_are_built_runs_its_cells_at_once(monkeypatch)
     assert all(events.index(("start", *c)) > building_first_end for c in cells if c[2] == 1 and c[:2] != ("ppo", 1))
 
 
+def test_a_grid_given_its_policy_builds_no_warm_start():
+    import types
+
+    bench = _bench()
+    given = types.SimpleNamespace(extra=["model.sft_checkpoint=/some/policy"], world="deep")
+    assert bench._built("deep_summary", 0, given)  # nothing to build, nothing looked up: all cells start at once
+
+
 def test_em_after_by_question_type_is_the_spread_over_runs():
     bench = _bench()
     rows = [_row("ppo", s, 0, 0.0, 0.5) for s in (1, 2, 3)]
