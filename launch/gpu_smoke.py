@@ -238,8 +238,9 @@ def check_model_3b(allow_missing: set[str], workdir: str) -> dict:
 
 def deep_overrides(workdir: str, policy: str | None) -> list[str]:
     """check_deep_e2e's run: without a policy, the random tiny one in a 448-token context (it hardly searches, so
-    nothing folds); with `policy` (the deep world's warm start, built on a CPU machine and carried), the recipe's own
-    world and budgets at temperature 1, where searching trajectories fold."""
+    nothing folds); with `policy` (the deep world's warm start, built on this machine: a carried one was trained with
+    another machine's toy tokenizer), the recipe's own world and budgets at temperature 1, where searching trajectories
+    fold."""
     common = ["rollout.engine=hf", "rollout.n=4", "data.train_batch_size=4", "rollout.max_turns=8"]
     if policy:
         own = ("data.toy_world.", "rollout.max_", "model.sft_checkpoint=")  # the recipe's world and budgets

@@ -101,8 +101,9 @@ def check_checkpoint_tokenizer(tokenizer_path: str | None, checkpoint: str | Non
     """Refuse an SFT checkpoint whose own tokenizer is not the run's: its token ids would mean other words to it.
 
     The toy world's tokenizer is trained where the run starts; another version of `tokenizers` can train a different
-    one from the same world (seen: 2358 tokens on a GPU machine against 2361 here), so a warm start carried from
-    another machine must be rebuilt there. Only directories that both hold a tokenizer.json are compared."""
+    one from the same world (seen: 2358 tokens on a GPU machine, 2361 on the CPU machine that built the warm start), so
+    a warm start carried from another machine must be rebuilt there. Only directories that both hold a tokenizer.json
+    are compared."""
     files = [os.path.join(path, "tokenizer.json") for path in (tokenizer_path, checkpoint) if path]
     if len(files) < 2 or not all(os.path.isfile(f) for f in files):
         return
