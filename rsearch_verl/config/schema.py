@@ -386,6 +386,10 @@ class TrainerConfig(ConfigNode):
     placement_timeout_s: float = 60.0  # how long to wait for the cluster to grant the pools before erroring
     ray_address: str | None = None  # None: connect to RAY_ADDRESS or start a local cluster
     ray_num_cpus: int | None = None
+    # torch threads of each CPU worker process: "ray" = Ray's default (one, unless the driver's OMP_NUM_THREADS says
+    # otherwise); "auto" = the node's CPUs shared by the processes that compute at once (colocated: the actor ranks;
+    # split: the actor ranks and the rollout workers), at most the driver's OMP_NUM_THREADS; "N" = N each
+    cpu_threads: str = "ray"
     # cross-step asynchronous training (docs/async_training.md): 0 = generate, then train (synchronous); k >= 1 =
     # the split rollout workers generate the next batches with weights up to k updates old while the actor trains
     max_staleness: int = 0

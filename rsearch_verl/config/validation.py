@@ -213,6 +213,9 @@ def _validate_placement(tr: TrainerConfig) -> None:
             "trainer.n_workers / trainer.nnodes",
             f"trainer.n_workers={tr.n_workers} does not divide evenly over trainer.nnodes={tr.nnodes} nodes",
         )
+    threads = str(tr.cpu_threads)
+    _check(threads in ("ray", "auto") or (threads.isdigit() and int(threads) >= 1), "trainer.cpu_threads",
+           f"{threads!r}: one of ray | auto | a number of threads >= 1")  # fmt: skip
     if tr.device != "cuda" or tr.placement != "split":
         return
     _check(

@@ -11,7 +11,7 @@ Its rank is the RANK verl's worker group sets for every worker.
 
 Usage (driver):
     groups = build_worker_groups(cfg, probe_worker_classes())
-    groups.actor.where()     # [{"rank", "gpu_ids", "gpu", "visible", "pg", "node"}, ...] one per rank
+    groups.actor.where()     # [{"rank", "gpu_ids", "gpu", "visible", "pg", "node", "omp"}, ...] one per rank
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class Probe:
         pass  # the real workers set their CUDA device and join the NCCL group here
 
     def where(self) -> dict:
-        """Rank, GPU ids, the GPU share (Ray's assigned resources), CUDA_VISIBLE_DEVICES, placement group, node."""
+        """Rank, GPU ids, the GPU share (Ray's assigned resources), CUDA_VISIBLE_DEVICES, placement group, node, and
+        the OpenMP threads its torch would use (OMP_NUM_THREADS)."""
         ctx = ray.get_runtime_context()
         return {
             "rank": self.rank,
@@ -46,6 +47,7 @@ class Probe:
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "pg": ctx.get_placement_group_id(),
             "node": ctx.get_node_id(),
+            "omp": os.environ.get("OMP_NUM_THREADS"),
         }
 
     def full_state_dict(self, as_ref: bool = False):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 import ray
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -38,7 +39,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 from rsearch_verl.config import RSearchConfig, to_dict
 from rsearch_verl.secrets import worker_secrets
 from rsearch_verl.workers.generation_group import GenerationGroup
-from rsearch_verl.workers.pools import build_pools, pool_specs
+from rsearch_verl.workers.pools import alive_nodes, build_pools, pool_specs
 from rsearch_verl.workers.weight_sync import push_weights
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,29 @@ def start_group(
 
 def worker_env(cfg: RSearchConfig) -> dict[str, str] | None:
     """The secret env vars the driver has (rsearch_verl/secrets.py), for every worker actor: among them the
-    token of the retriever the driver started, which exists in no job's runtime env (None: nothing to add)."""
-    return worker_secrets(cfg) or None
+    token of the retriever the driver started, which exists in no job's runtime env; and the torch threads of a CPU
+    worker (`cpu_threads`). None: nothing to add."""
+    return {**worker_secrets(cfg), **thread_env(cfg)} or None
+
+
+def thread_env(cfg: RSearchConfig, node_cpus: int | None = None, environ: dict | None = None) -> dict[str, str]:
+    """OMP_NUM_THREADS / MKL_NUM_THREADS for every CPU worker from `trainer.cpu_threads` (empty: Ray's default,
+    which gives an actor that asks for no CPU one thread). `auto`: the smallest alive node's CPUs (`node_cpus`)
+    over the worker processes that compute at once on a node, at most the driver's own OMP_NUM_THREADS."""
+    tr = cfg.trainer
+    if tr.device == "cuda" or str(tr.cpu_threads) == "ray":
+        return {}
+    if str(tr.cpu_threads) != "auto":
+        threads = int(tr.cpu_threads)
+    else:
+        if node_cpus is None:
+            node_cpus = int(min(n.get("CPU", 1) for n in alive_nodes()))
+        busy = sum(spec.per_node[0] for spec in pool_specs(cfg).values())  # actor ranks (+ rollout workers) a node
+        threads = max(1, node_cpus // busy)
+        limit = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "")
+        if limit.isdigit() and int(limit) >= 1:
+            threads = min(threads, int(limit))
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 @dataclasses.dataclass(frozen=True)

