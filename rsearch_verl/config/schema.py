@@ -400,6 +400,10 @@ class TrainerConfig(ConfigNode):
     # workers keep rollout.max_concurrent_trajectories in flight and a step trains on the first whole groups that
     # finish within the staleness bound (docs/async_training.md)
     rollout_mode: str = "batch"
+    # streaming: while a step waits for a due group, the actor computes the reference and proximal log-probs of the
+    # groups already finished, off the step's critical path: on | off | check (also recomputed in the step, and the
+    # run fails if they differ by more than 1e-4 nats: for tests)
+    prefetch_log_probs: str = "on"
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 

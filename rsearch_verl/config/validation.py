@@ -241,6 +241,7 @@ def _validate_async(cfg: RSearchConfig) -> None:
             "processes, so there is nothing to overlap)",
         )
     _one_of(tr.rollout_mode, ("batch", "streaming"), "trainer.rollout_mode")
+    _one_of(tr.prefetch_log_probs, ("on", "off", "check"), "trainer.prefetch_log_probs")
     if tr.rollout_mode == "streaming":
         _check(
             tr.max_staleness >= 1 and tr.mid_trajectory_update == "continue",

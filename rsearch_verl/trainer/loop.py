@@ -38,6 +38,7 @@ from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.report import RunHealth
 from rsearch_verl.trainer.logging import MetricsLogger
+from rsearch_verl.trainer.prefetch import PREFETCHED_OLD, PREFETCHED_REF, LogProbPrefetch, fill_log_probs
 from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
 from rsearch_verl.trainer.run_control import Continue, RollbackTo, RunControl, Stop
 from rsearch_verl.trainer.stream_pipeline import StreamingPipeline
@@ -98,8 +99,13 @@ class Trainer:
         self.loader = PromptLoader(train_data, cfg.data.train_batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
         # each step's batch: generated at the step's start, ahead while the actor trains (trainer.max_staleness), or
         # admitted from the rollout workers' streams of trajectories (trainer.rollout_mode=streaming)
-        pipeline = StreamingPipeline if cfg.trainer.rollout_mode == "streaming" else RolloutPipeline
-        self.rollouts = pipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
+        if cfg.trainer.rollout_mode == "streaming":
+            prefetch = None  # the actor's log-probs of finished groups while a step waits (trainer/prefetch.py)
+            if cfg.trainer.prefetch_log_probs != "off":
+                prefetch = LogProbPrefetch(self._prefetch_compute, with_ref=cfg.use_ref, world_size=cfg.world_size)
+            self.rollouts = StreamingPipeline(workers.rollout, self.loader, cfg, self._sampling_seed, prefetch)
+        else:
+            self.rollouts = RolloutPipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
         self.val_data = val_data
         self.ckpts = CheckpointManager(run_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
         self.metrics = MetricsLogger(
@@ -158,10 +164,25 @@ class Trainer:
         return self.rollouts.take(step), {}
 
     def _old_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-        return batch.union(self.wg.actor.compute_log_prob(batch)), {}
+        """The rows' proximal log-probs; a streamed batch's prefetched rows have them already (trainer/prefetch.py)."""
+        check = self.cfg.trainer.prefetch_log_probs == "check"
+        fn, ws = self.wg.actor.compute_log_prob, self.cfg.world_size
+        return fill_log_probs(batch, "old_log_probs", PREFETCHED_OLD, fn, ws, check)[0], {}
 
     def _ref_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-        return batch.union(self.wg.actor.compute_ref_log_prob(batch)), {}
+        check = self.cfg.trainer.prefetch_log_probs == "check"
+        fn, ws = self.wg.actor.compute_ref_log_prob, self.cfg.world_size
+        return fill_log_probs(batch, "ref_log_prob", PREFETCHED_REF, fn, ws, check)[0], {}
+
+    def _prefetch_compute(self, batch: DataProto, old: bool, ref: bool) -> DataProto:
+        """One finished group's proximal and / or reference log-probs, at the rollout temperature."""
+        batch.meta_info.update(temperature=self.cfg.rollout.temperature)
+        calls = [c for c, wanted in ((self.wg.actor.compute_log_prob, old), (self.wg.actor.compute_ref_log_prob, ref))
+                 if wanted]  # fmt: skip
+        out = calls[0](batch)
+        for call in calls[1:]:
+            out = out.union(call(batch))
+        return out
 
     def _values(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         return batch.union(self.wg.critic.compute_values(batch)), {}
@@ -325,7 +346,9 @@ class Trainer:
         return self.cfg.seed * 1_000_003 + step
 
 
-_ACTOR_PHASES = {f"timing/{k}_s" for k in ("old_log_prob", "ref", "values", "update_critic", "update_actor", "sync")}
+_ACTOR_PHASES = {
+    f"timing/{k}_s" for k in ("prefetch", "old_log_prob", "ref", "values", "update_critic", "update_actor", "sync")
+}
 
 
 def _worker_metrics(out: DataProto) -> dict[str, float]:

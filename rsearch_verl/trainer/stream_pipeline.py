@@ -41,6 +41,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.data.dataset import PromptLoader
 from rsearch_verl.rollout.stream import SEQ
 from rsearch_verl.trainer.admission import Candidate, admit, staleness
+from rsearch_verl.trainer.prefetch import LogProbPrefetch
 from rsearch_verl.workers.generation_group import GenerationGroup
 from rsearch_verl.workers.metrics import reduce_metrics
 
@@ -65,9 +66,15 @@ class _Draw:
 
 class StreamingPipeline:
     def __init__(
-        self, rollout: GenerationGroup, loader: PromptLoader, cfg: RSearchConfig, seed_for: Callable[[int], int]
+        self,
+        rollout: GenerationGroup,
+        loader: PromptLoader,
+        cfg: RSearchConfig,
+        seed_for: Callable[[int], int],
+        prefetch: LogProbPrefetch | None = None,
     ):
         self.rollout, self.loader, self.cfg, self.seed_for = rollout, loader, cfg, seed_for
+        self.prefetch = prefetch  # the actor's log-probs of finished groups, computed while a step waits
         self.k, self.batch_size, self.n = cfg.trainer.max_staleness, cfg.data.train_batch_size, cfg.rollout.n
         self.per_worker = cfg.rollout.max_concurrent_trajectories + self.n  # trajectories: the pool plus one group
         self._todo: collections.deque[tuple[DataProto, int]] = collections.deque()  # (prompt, draw) not submitted
@@ -105,10 +112,14 @@ class StreamingPipeline:
             if plan.ready:
                 break
             waits += 1
+            if self.prefetch is not None and self.prefetch.one(self._in_admission_order(step), step - 1):
+                waits = 0  # that took the actor's time: poll at once
         taken = [self._done.pop(c.seq) for c in plan.admitted]
         self._current = [s for s, _, _ in taken]
+        prefetched = {} if self.prefetch is None else self.prefetch.mark([(c.seq, b) for c, (_, b, _) in zip(
+            plan.admitted, taken, strict=True)], step - 1)  # fmt: skip
         batch = self._concat([b for _, b, _ in taken])
-        batch.meta_info["metrics"] = self._metrics(step, plan, time.perf_counter() - start)
+        batch.meta_info["metrics"] = {**self._metrics(step, plan, time.perf_counter() - start), **prefetched}
         return batch
 
     def applied(self) -> None:
@@ -137,6 +148,8 @@ class StreamingPipeline:
         for i in self._live():
             self._counts["lost_reset"] += self._call(i, "stream_reset")
         self._todo.clear(), self._out.clear(), self._done.clear(), self._in_flight.clear()
+        if self.prefetch is not None:
+            self.prefetch.forget()
         self._draws.clear(), self._trained.clear()
         self._current = []
         self.load_state(state)
@@ -231,6 +244,11 @@ class StreamingPipeline:
             self._in_flight.pop(i, None)
             self._counts["workers_lost"] += 1
             self._regenerate([self._out.pop(seq) for seq in lost], "lost")
+
+    def _in_admission_order(self, step: int) -> list[tuple[int, DataProto]]:
+        """The finished groups (seq, batch) as the admission would take them: due first, then by submission."""
+        order = sorted(self._done.items(), key=lambda kv: (staleness(step, kv[1][2].oldest_version) < self.k, kv[0]))
+        return [(seq, batch) for seq, (_, batch, _) in order]
 
     def _all_in_flight(self) -> list[tuple[int, int | None]]:
         return [x for i in self._live() for x in self._in_flight.get(i, []) if x[0] in self._out]

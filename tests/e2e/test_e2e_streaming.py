@@ -1,6 +1,7 @@
 """Streaming rollouts end to end (trainer.rollout_mode=streaming; real main jobs, local Ray, split placement on CPU).
 
-* A streamed run trains whole groups within the staleness bound at every step and every prompt once; a run resumed
+* A streamed run trains whole groups within the staleness bound at every step and every prompt once; the log-probs
+  the actor prefetched while steps waited equal the step's own (`trainer.prefetch_log_probs=check`); a run resumed
   from a checkpoint trains none of the prompts before it again (the checkpoint records the trained ones after the
   loader's resume point).
 * One of two rollout workers is SIGKILLed mid-stream (searches behind a 0.5 s latency proxy, a policy that searches,
@@ -39,9 +40,13 @@ def _uids_per_step(run_dir) -> dict[int, collections.Counter]:
 def test_streamed_steps_are_whole_groups_in_bound_and_resume_trains_no_prompt_twice(tmp_path, toy_cache):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     steps = ["trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=0", "trainer.ray_num_cpus=2"]
-    run_main("search_r1_grpo", whole, toy_cache, *STREAM, *steps)
+    # check: the log-probs prefetched while a step waits are recomputed in the step; a difference fails the run
+    run_main("search_r1_grpo", whole, toy_cache, *STREAM, *steps, "trainer.prefetch_log_probs=check")
     rows = [r for r in read_metrics(whole) if "stream/staleness_max" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["stream/prefetched_old_frac"] for r in rows) > 0 and sum(r["timing/prefetch_s"] for r in rows) > 0
+    assert all(r["stream/prefetched_old_frac"] <= r["stream/prefetched_ref_frac"] for r in rows)  # ref: any version
+    assert all(r["rollout/logprob_abs_diff_max"] < 1e-3 for r in rows if "rollout/logprob_abs_diff_max" in r)
     assert all(r["stream/staleness_max"] <= 1 and r["async/staleness_max"] <= 1 for r in rows)
     assert all(r["async/dropped_stale"] == 0 and r["stream/dropped_stale"] == 0 for r in rows)
     assert all(r["stream/lost_trajectories"] == 0 and r["stream/trajectories_per_s"] > 0 for r in rows)
