@@ -7,6 +7,8 @@ each):
     batch1    trainer.max_staleness=1, rollout_mode=batch: the next batch generates while the actor trains
     stream1   trainer.max_staleness=1, rollout_mode=streaming: trajectories flow, a step admits whole groups
     stream2   the same at staleness 2
+    stream1-np  stream1 without the log-probs the actor computes while a step waits (trainer.prefetch_log_probs=off;
+              not in the default modes: `--modes ... stream1-np`)
 Workloads:
     readme    the README's job (search_r1_ppo on the toy world, its cached warm start): short trajectories
     tail      +recipe=search_r1_grpo (GRPO 4 x 8, up to 17 turns) with a scripted heavy-tailed policy: 1 to 17 turns
@@ -52,6 +54,8 @@ MODES = {
     "batch1": ["trainer.max_staleness=1"],
     "stream1": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming"],
     "stream2": ["trainer.max_staleness=2", "trainer.rollout_mode=streaming"],
+    # stream1 as it was before the actor prefetched log-probs while a step waits (trainer/prefetch.py)
+    "stream1-np": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming", "trainer.prefetch_log_probs=off"],
 }
 WORKLOADS = {
     "readme": ["+recipe=search_r1_ppo"],
@@ -120,7 +124,7 @@ def report(results: list[dict]) -> tuple[float, float] | None:
         most = max(r["turns_max"] for r in rows)
         print(f"\n{workload}: turns per trajectory mean {turns[0]:.1f}, p90 {turns[1]:.1f}, max {most:.0f}")
         print(
-            "mode     runs  traj/s median (min..max)  vs sync (paired)  vs batch1 (paired)  rollout idle  actor idle"
+            "mode        runs  traj/s median (min..max)  vs sync (paired)  vs batch1 (paired)  rollout idle  actor idle"
             "  max stale  turn bias  dropped"
         )
         ratios = {}
@@ -131,7 +135,7 @@ def report(results: list[dict]) -> tuple[float, float] | None:
             vs = {base: [r["traj_per_s"] / by[(base, r["round"])]["traj_per_s"] for r in runs
                          if (base, r["round"]) in by] for base in ("sync", "batch1")}  # fmt: skip
             ratios[mode] = {b: statistics.median(v) for b, v in vs.items() if v}
-            cells = [f"{mode:<7}", f"{len(runs):>4}", f"{spread([r['traj_per_s'] for r in runs]):>24}",
+            cells = [f"{mode:<10}", f"{len(runs):>4}", f"{spread([r['traj_per_s'] for r in runs]):>24}",
                      f"{spread(vs['sync']) if vs['sync'] else '-':>17}",
                      f"{spread(vs['batch1']) if vs['batch1'] else '-':>19}",
                      f"{statistics.median(r['rollout_idle'] for r in runs):>12.0%}",
@@ -149,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["readme", "tail"], choices=list(WORKLOADS))
     parser.add_argument("--max-searches", type=int, default=16, help="the tail workload's longest trajectories")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=[m for m in MODES if m != "stream1-np"], choices=list(MODES))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipelines filling)")
     parser.add_argument("--rounds", type=int, default=2)
