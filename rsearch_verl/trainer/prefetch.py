@@ -4,14 +4,14 @@ A streaming step (rsearch_verl/trainer/stream_pipeline.py) often waits for a due
 train have finished. The actor is idle then, and two of the step's phases need nothing that changes before the update:
 the reference log-probs (the frozen reference: valid for a group whatever step trains it) and the proximal log-probs
 (the actor's current weights, version step-1: valid only if that step trains the group). `LogProbPrefetch` computes
-them for one finished group per wait, in admission order, and records with which version. When the step's batch is
-taken, each admitted group's rows carry a flag per tensor (`PREFETCHED_OLD`, `PREFETCHED_REF`: 1-D, so they survive
-`trim_padding` and `fit_rows`); the loop's phases compute only the rows without it (`fill_log_probs`). With
-`check`, the loop recomputes every row as well and fails the run if a prefetched value differs by more than
-`CHECK_TOL` (tests/e2e/test_e2e_streaming.py).
+them for the next finished group per wait (or the next few, so that the rows split evenly over the workers), in
+admission order, and records with which version. When the step's batch is taken, each admitted group's rows carry a
+flag per tensor (`PREFETCHED_OLD`, `PREFETCHED_REF`: 1-D, so they survive `trim_padding` and `fit_rows`); the loop's
+phases compute only the rows without it (`fill_log_probs`). With `check`, the loop recomputes every row as well and
+fails the run if a prefetched value differs by more than `CHECK_TOL` (tests/e2e/test_e2e_streaming.py).
 
     prefetch = LogProbPrefetch(compute, with_ref=cfg.use_ref, world_size=cfg.world_size)
-    prefetch.one(groups, version)              # in the wait: True if a group was computed
+    prefetch.one(groups, version)              # in the wait: True if groups were computed
     prefetch.mark(admitted, version)            # before the batch is concatenated
     batch, n = fill_log_probs(batch, "old_log_probs", PREFETCHED_OLD, wg.actor.compute_log_prob, 1, check=False)
 """
@@ -40,26 +40,39 @@ class LogProbPrefetch:
         self.seconds = 0.0  # actor time spent here since the last `mark` (the loop counts it as actor work)
 
     def one(self, groups: list[tuple[int, DataProto]], version: int) -> bool:
-        """Compute what the first of `groups` (seq, batch; admission order) lacks at `version`; True if one was."""
+        """Compute what the first of `groups` (seq, batch; admission order) lack at `version`: as few groups as make
+        a multiple of the workers' count of rows (a DP call splits them evenly; one group on one worker). True if
+        any was computed."""
+        todo, rows = [], 0
         for seq, batch in groups:
-            old, ref = self._old.get(seq) != version, self.with_ref and seq not in self._ref
-            if not (old or ref) or len(batch) % self.world_size:
-                continue
-            start = time.perf_counter()
-            width = batch.batch["responses"].shape[1]
-            view = DataProto(batch=batch.batch.clone(), non_tensor_batch=batch.non_tensor_batch, meta_info={})
-            trim_padding(view.batch)  # compute over the group's own lengths, then pad back to the stream's width
-            out = self.compute(view, old, ref)
+            if self._old.get(seq) != version or (self.with_ref and seq not in self._ref):
+                todo.append((seq, batch))
+                rows += len(batch)
+                if rows % self.world_size == 0:
+                    break
+        if not todo or rows % self.world_size:
+            return False
+        start = time.perf_counter()
+        old = any(self._old.get(seq) != version for seq, _ in todo)
+        ref = self.with_ref and any(seq not in self._ref for seq, _ in todo)
+        width = todo[0][1].batch["responses"].shape[1]  # the stream's: every group is padded to it
+        view = DataProto.concat(
+            [DataProto(batch=b.batch.clone(), non_tensor_batch=b.non_tensor_batch) for _, b in todo]
+        )
+        trim_padding(view.batch)  # compute over the groups' own lengths, then pad back to the stream's width
+        out = self.compute(view, old, ref)
+        first = 0
+        for seq, batch in todo:
             for key in list(out.batch.keys()):
-                value = out.batch[key]
+                value = out.batch[key][first : first + len(batch)]
                 batch.batch[key] = torch.nn.functional.pad(value, (0, width - value.shape[1]))
+            first += len(batch)
             if old:
                 self._old[seq] = version
             if ref:
                 self._ref.add(seq)
-            self.seconds += time.perf_counter() - start
-            return True
-        return False
+        self.seconds += time.perf_counter() - start
+        return True
 
     def mark(self, groups: list[tuple[int, DataProto]], version: int) -> dict[str, float]:
         """Flag each admitted group's rows: proximal log-probs computed at `version`, reference log-probs computed;

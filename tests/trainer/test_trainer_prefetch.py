@@ -92,19 +92,22 @@ def test_prefetched_rows_equal_the_steps_own_and_stale_ones_are_recomputed():
         assert torch.equal(batch.batch[key][mask], expected[mask]), key  # same rows and columns as the step's own
 
 
-def test_rows_that_do_not_split_over_the_workers_are_computed_whole_and_check_raises_on_a_wrong_value():
+def test_groups_are_computed_together_to_split_over_the_workers_and_check_raises_on_a_wrong_value():
     groups = {seq: group(seq, n=1) for seq in range(3)}
     prefetch = LogProbPrefetch(prefetch_compute, with_ref=False, world_size=2)
-    assert not prefetch.one(list(groups.items()), version=0)  # one row does not split over two workers
-    prefetch = LogProbPrefetch(prefetch_compute, with_ref=False, world_size=1)
-    prefetch.one(list(groups.items()), version=0)
+    assert prefetch.one(list(groups.items()), version=0)  # groups 0 and 1: two rows, one per worker
+    assert not prefetch.one(list(groups.items()), version=0)  # group 2 alone would not split over two workers
     batch, metrics = take(prefetch, groups, version=0)
-    assert PREFETCHED_REF not in list(batch.batch.keys()) and metrics["stream/prefetched_old_frac"] == pytest.approx(
-        1 / 3
-    )
-    # two rows missing over a world of 2 would split; over 4 they do not: every row is computed
+    assert PREFETCHED_REF not in list(batch.batch.keys())
+    assert metrics["stream/prefetched_old_frac"] == pytest.approx(2 / 3)
+    assert batch.batch[PREFETCHED_OLD].tolist() == [True, True, False]
+    whole = DataProto.concat([group(seq, n=1) for seq in range(3)])
+    trim_padding(whole.batch)
+    expected, mask = fake_log_probs("old_log_probs")(whole).batch["old_log_probs"], whole.batch["response_mask"].bool()
+    assert torch.equal(batch.batch["old_log_probs"][:2][mask[:2]], expected[:2][mask[:2]])  # split back row by row
+    # one row missing does not split over 2 workers: every row is computed
     _, n = fill_log_probs(batch.select_idxs([0, 1, 2]), "old_log_probs", PREFETCHED_OLD,
-                          fake_log_probs("old_log_probs"), 4, check=False)  # fmt: skip
+                          fake_log_probs("old_log_probs"), 2, check=False)  # fmt: skip
     assert n == 3
     batch.batch["old_log_probs"][0, 0] += 0.5  # a prefetched value gone wrong
     with pytest.raises(RuntimeError, match="prefetched old_log_probs differ"):
