@@ -5,7 +5,8 @@
   from a checkpoint trains none of the prompts before it again (the checkpoint records the trained ones after the
   loader's resume point).
 * One of two rollout workers is SIGKILLed mid-stream (searches behind a 0.5 s latency proxy, a policy that searches,
-  so trajectories are in flight): the run goes on with the other, the dead worker's in-flight trajectories are
+  so trajectories are in flight and steps wait with groups finished, whose prefetched log-probs are checked): the run
+  goes on with the other, the dead worker's in-flight trajectories are
   counted in summary.json health and their prompts generated again.
 
 Run: .venv/bin/python -m pytest -q tests/e2e/test_e2e_streaming.py
@@ -44,7 +45,7 @@ def test_streamed_steps_are_whole_groups_in_bound_and_resume_trains_no_prompt_tw
     run_main("search_r1_grpo", whole, toy_cache, *STREAM, *steps, "trainer.prefetch_log_probs=check")
     rows = [r for r in read_metrics(whole) if "stream/staleness_max" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert sum(r["stream/prefetched_old_frac"] for r in rows) > 0 and sum(r["timing/prefetch_s"] for r in rows) > 0
+    # (whether a step waited with groups already finished depends on timing: the latency-bound test below asserts it)
     assert all(r["stream/prefetched_old_frac"] <= r["stream/prefetched_ref_frac"] for r in rows)  # ref: any version
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-3 for r in rows if "rollout/logprob_abs_diff_max" in r)
     assert all(r["stream/staleness_max"] <= 1 and r["async/staleness_max"] <= 1 for r in rows)
@@ -86,7 +87,7 @@ def test_a_rollout_worker_killed_mid_stream_loses_only_its_trajectories(tmp_path
         proxy, url = serve(latency_proxy(f"http://127.0.0.1:{port}", latency_s=0.5, seed=0))
         overrides = [*STREAM, *FAST, f"model.sft_checkpoint={searching_policy}", f"retriever.url={url}",
                      "trainer.n_workers=2", "trainer.ray_num_cpus=4", "trainer.total_steps=6", "trainer.save_freq=0",
-                     "retriever.breaker.enable=false"]  # fmt: skip
+                     "retriever.breaker.enable=false", "trainer.prefetch_log_probs=check"]  # fmt: skip
         log = open(str(run_dir) + ".log", "w")  # noqa: SIM115 - closed below
         os.makedirs(run_dir, exist_ok=True)
         cmd = main_cmd("search_r1_grpo", run_dir, toy_cache, *overrides)
@@ -110,6 +111,8 @@ def test_a_rollout_worker_killed_mid_stream_loses_only_its_trajectories(tmp_path
         server.kill()
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3, 4, 5, 6]
+    # 0.5 s searches: steps wait with groups finished, and the actor's log-probs of them matched the step's (check)
+    assert sum(r.get("stream/prefetched_old_frac", 0.0) for r in rows) > 0
     health = json.loads((run_dir / "summary.json").read_text())["health"]
     assert health["rollout_workers_lost"] == 1 and health["status"] == "degraded", health
     assert health["lost_trajectories"] >= 2 and health["lost_trajectories"] % 2 == 0, health  # whole groups of 2
