@@ -175,7 +175,7 @@ class Trainer:
         return fill_log_probs(batch, "ref_log_prob", PREFETCHED_REF, fn, ws, check)[0], {}
 
     def _prefetch_compute(self, batch: DataProto, old: bool, ref: bool) -> DataProto:
-        """One finished group's proximal and / or reference log-probs, at the rollout temperature."""
+        """Finished groups' proximal and / or reference log-probs, at the rollout temperature (trainer/prefetch.py)."""
         batch.meta_info.update(temperature=self.cfg.rollout.temperature)
         calls = [c for c, wanted in ((self.wg.actor.compute_log_prob, old), (self.wg.actor.compute_ref_log_prob, ref))
                  if wanted]  # fmt: skip
