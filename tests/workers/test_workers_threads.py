@@ -50,6 +50,8 @@ def test_bad_values_are_refused_with_the_key(bad):
 
 
 def test_the_workers_get_them_on_a_real_ray_cluster():
+    if ray.is_initialized():  # a cluster of another test: this one needs its own 4 CPUs
+        ray.shutdown()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         groups = build_worker_groups(load_config([PPO, "trainer.cpu_threads=auto", *SPLIT]), probe_worker_classes())
