@@ -164,25 +164,23 @@ class Trainer:
         return self.rollouts.take(step), {}
 
     def _old_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-        """The rows' proximal log-probs; a streamed batch's prefetched rows have them already (trainer/prefetch.py)."""
-        check = self.cfg.trainer.prefetch_log_probs == "check"
-        fn, ws = self.wg.actor.compute_log_prob, self.cfg.world_size
-        return fill_log_probs(batch, "old_log_probs", PREFETCHED_OLD, fn, ws, check)[0], {}
+        return self._fill(batch, "old_log_probs", PREFETCHED_OLD, self.wg.actor.compute_log_prob), {}
 
     def _ref_log_prob(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        return self._fill(batch, "ref_log_prob", PREFETCHED_REF, self.wg.actor.compute_ref_log_prob), {}
+
+    def _fill(self, batch: DataProto, key: str, flag: str, compute) -> DataProto:
+        """`key` for every row; a streamed batch's prefetched rows have it already (trainer/prefetch.py)."""
         check = self.cfg.trainer.prefetch_log_probs == "check"
-        fn, ws = self.wg.actor.compute_ref_log_prob, self.cfg.world_size
-        return fill_log_probs(batch, "ref_log_prob", PREFETCHED_REF, fn, ws, check)[0], {}
+        return fill_log_probs(batch, key, flag, compute, self.cfg.world_size, check)[0]
 
     def _prefetch_compute(self, batch: DataProto, old: bool, ref: bool) -> DataProto:
         """Finished groups' proximal and / or reference log-probs, at the rollout temperature (trainer/prefetch.py)."""
         batch.meta_info.update(temperature=self.cfg.rollout.temperature)
-        calls = [c for c, wanted in ((self.wg.actor.compute_log_prob, old), (self.wg.actor.compute_ref_log_prob, ref))
-                 if wanted]  # fmt: skip
-        out = calls[0](batch)
-        for call in calls[1:]:
-            out = out.union(call(batch))
-        return out
+        if not ref:
+            return self.wg.actor.compute_log_prob(batch)
+        out = self.wg.actor.compute_ref_log_prob(batch)
+        return out.union(self.wg.actor.compute_log_prob(batch)) if old else out
 
     def _values(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         return batch.union(self.wg.critic.compute_values(batch)), {}

@@ -56,10 +56,9 @@ class LogProbPrefetch:
         old = any(self._old.get(seq) != version for seq, _ in todo)
         ref = self.with_ref and any(seq not in self._ref for seq, _ in todo)
         width = todo[0][1].batch["responses"].shape[1]  # the stream's: every group is padded to it
-        view = DataProto.concat(
-            [DataProto(batch=b.batch.clone(), non_tensor_batch=b.non_tensor_batch) for _, b in todo]
-        )
-        trim_padding(view.batch)  # compute over the groups' own lengths, then pad back to the stream's width
+        # a new batch (concat copies the tensors), trimmed to the groups' own lengths; padded back to the stream's below
+        view = DataProto.concat([DataProto(batch=b.batch, non_tensor_batch=b.non_tensor_batch) for _, b in todo])
+        trim_padding(view.batch)
         out = self.compute(view, old, ref)
         first = 0
         for seq, batch in todo:
