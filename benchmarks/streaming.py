@@ -7,22 +7,26 @@ each):
     batch1    trainer.max_staleness=1, rollout_mode=batch: the next batch generates while the actor trains
     stream1   trainer.max_staleness=1, rollout_mode=streaming: trajectories flow, a step admits whole groups
     stream2   the same at staleness 2
+    stream4   the same at staleness 4: how far the bound sets the tail's pace (not in the default modes)
     stream1-np  stream1 without the log-probs the actor computes while a step waits (trainer.prefetch_log_probs=off;
               not in the default modes: `--modes ... stream1-np`)
 Workloads:
     readme    the README's job (search_r1_ppo on the toy world, its cached warm start): short trajectories
     tail      +recipe=search_r1_grpo (GRPO 4 x 8, up to 17 turns) with a scripted heavy-tailed policy: 1 to 17 turns
-              a trajectory, P(searches >= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py)
+              a trajectory, P(searches >= s) = 1 / (s + 1) (rsearch_verl/testing/turn_script.py); the actor packs
+              its micro-batches by a token budget (`PACKED`), in every mode
     deep      the same recipe with its own warm-started policy on the deep world (its cached warm start)
 The turn distribution of each workload is printed.
 Every search goes through a proxy that waits `--latency-s` +- `--jitter-s` (rsearch_verl/testing/latency_proxy.py)
 in front of the world's own BM25 server, the order of a web search API. Everything else is the real main job.
 
 Per run, over the steps after `--skip` (the pipelines filling): trajectories per second (trajectories trained per
-step / step time), rollout idle (timing/rollout_idle_s over the wall time), actor idle, the admitted staleness, and
-for streaming the turn bias (mean turns of admitted / of all finished trajectories, `stream/turn_bias`). Rounds run
-the modes in turn; speed-ups are paired with the same round's sync and batch1 runs. The last line, for the last
-workload run (tail by default): streaming / synchronous and streaming / batch at staleness 1.
+step / step time), rollout idle (timing/rollout_idle_s over the wall time), actor idle, the mean turns of the trained
+trajectories and the turn rate against sync (trajectories per second x turns: a stream trains a long group when it
+comes due, so its timed steps can hold fewer or more long groups than the loader's order gives sync), the admitted
+staleness, and for streaming the turn bias (mean turns of admitted / of all finished trajectories, `stream/turn_bias`).
+Rounds run the modes in turn; speed-ups are paired with the same round's sync and batch1 runs. The last line, for the
+last workload run (tail by default): streaming / synchronous and streaming / batch at staleness 1.
 
     .venv/bin/python benchmarks/streaming.py                                # both workloads, 2 rounds
     .venv/bin/python benchmarks/streaming.py --workloads deep --rounds 3 --steps 10
@@ -54,9 +58,12 @@ MODES = {
     "batch1": ["trainer.max_staleness=1"],
     "stream1": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming"],
     "stream2": ["trainer.max_staleness=2", "trainer.rollout_mode=streaming"],
+    # a wider bound: how far the tail's pace is the bound's (docs/async_training.md, "Streaming, measured")
+    "stream4": ["trainer.max_staleness=4", "trainer.rollout_mode=streaming"],
     # stream1 as it was before the actor prefetched log-probs while a step waits (trainer/prefetch.py)
     "stream1-np": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming", "trainer.prefetch_log_probs=off"],
 }
+PACKED = ["actor.use_remove_padding=true", "actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=4096"]
 WORKLOADS = {
     "readme": ["+recipe=search_r1_ppo"],
     # Search-R1 GRPO (4 prompts x 8) driven by a scripted heavy tail: 0 to 16 searches a question, P(>= s) = 1 / (s + 1)
@@ -72,6 +79,9 @@ WORKLOADS = {
         "rollout.max_response_length=1400",
         "model.sft_checkpoint=null",
         "trainer.watchdog.enable=false",  # the scripted lengths swing by design: length_blowup would stop the run
+        # lengths from ~100 to ~1400 tokens in one batch: padded micro-batches pay every row at the batch's longest
+        # length, so the actor packs (docs/lora_and_packing.md), as a user with such a tail would, in every mode
+        *PACKED,
     ],
     # 4 prompts x 8 samples a step keeps a CPU step near the readme job's length
     "deep": ["+recipe=deep_search_grpo", "data.train_batch_size=4"],
@@ -124,36 +134,47 @@ def report(results: list[dict]) -> tuple[float, float] | None:
         most = max(r["turns_max"] for r in rows)
         print(f"\n{workload}: turns per trajectory mean {turns[0]:.1f}, p90 {turns[1]:.1f}, max {most:.0f}")
         print(
-            "mode        runs  traj/s median (min..max)  vs sync (paired)  vs batch1 (paired)  rollout idle  actor idle"
-            "  max stale  turn bias  dropped"
+            "mode        runs  traj/s median (min..max)  vs sync (paired)  vs batch1 (paired)  rollout idle (min..max)"
+            "  actor idle  turns  turns/s vs sync  max stale  turn bias  dropped"
         )
         ratios = {}
         for mode in MODES:
             runs = [r for r in rows if r["mode"] == mode]
-            if not runs:
-                continue
-            vs = {base: [r["traj_per_s"] / by[(base, r["round"])]["traj_per_s"] for r in runs
-                         if (base, r["round"]) in by] for base in ("sync", "batch1")}  # fmt: skip
-            ratios[mode] = {b: statistics.median(v) for b, v in vs.items() if v}
-            cells = [f"{mode:<10}", f"{len(runs):>4}", f"{spread([r['traj_per_s'] for r in runs]):>24}",
-                     f"{spread(vs['sync']) if vs['sync'] else '-':>17}",
-                     f"{spread(vs['batch1']) if vs['batch1'] else '-':>19}",
-                     f"{statistics.median(r['rollout_idle'] for r in runs):>12.0%}",
-                     f"{statistics.median(r['actor_idle'] for r in runs):>11.0%}",
-                     f"{max(r['staleness_max'] for r in runs):>10.0f}",
-                     f"{statistics.median(r['turn_bias'] for r in runs):>10.2f}",
-                     f"{sum(r['dropped'] for r in runs):>8.0f}"]  # fmt: skip
-            print("  ".join(cells))
+            if runs:
+                ratios[mode] = _mode_row(mode, runs, by)
         if "stream1" in ratios:
             last = (ratios["stream1"].get("sync", float("nan")), ratios["stream1"].get("batch1", float("nan")))
     return last
+
+
+def _mode_row(mode: str, runs: list[dict], by: dict) -> dict[str, float]:
+    """Print one mode's row; return its median ratios to sync and batch1. The turn rate (trajectories per second x
+    their mean turns) does not depend on which trajectories a run's timed steps happened to train: a stream trains a
+    long group when it comes due, so a short window can hold fewer or more of them than the loader's order."""
+    vs = {base: [r["traj_per_s"] / by[(base, r["round"])]["traj_per_s"] for r in runs if (base, r["round"]) in by]
+          for base in ("sync", "batch1")}  # fmt: skip
+    turn_rate = [r["traj_per_s"] * r["turns_mean"] / (s["traj_per_s"] * s["turns_mean"]) for r in runs
+                 if (s := by.get(("sync", r["round"])))]  # fmt: skip
+    idle = [r["rollout_idle"] for r in runs]
+    cells = [f"{mode:<10}", f"{len(runs):>4}", f"{spread([r['traj_per_s'] for r in runs]):>24}",
+             f"{spread(vs['sync']) if vs['sync'] else '-':>17}",
+             f"{spread(vs['batch1']) if vs['batch1'] else '-':>19}",
+             f"{statistics.median(idle):>9.0%} ({min(idle):.0%}..{max(idle):.0%})",
+             f"{statistics.median(r['actor_idle'] for r in runs):>10.0%}",
+             f"{statistics.median(r['turns_mean'] for r in runs):>5.1f}",
+             f"{spread(turn_rate) if turn_rate else '-':>17}",
+             f"{max(r['staleness_max'] for r in runs):>9.0f}",
+             f"{statistics.median(r['turn_bias'] for r in runs):>10.2f}",
+             f"{sum(r['dropped'] for r in runs):>8.0f}"]  # fmt: skip
+    print("  ".join(cells))
+    return {b: statistics.median(v) for b, v in vs.items() if v}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["readme", "tail"], choices=list(WORKLOADS))
     parser.add_argument("--max-searches", type=int, default=16, help="the tail workload's longest trajectories")
-    parser.add_argument("--modes", nargs="+", default=[m for m in MODES if m != "stream1-np"], choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=["sync", "batch1", "stream1", "stream2"], choices=list(MODES))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipelines filling)")
     parser.add_argument("--rounds", type=int, default=2)
@@ -170,7 +191,7 @@ def main() -> None:
     results = []
     for workload in args.workloads:
         log = os.path.join(out, f"retriever-{workload}.log")
-        with toy_retriever(args.cache, log, tuple(WORKLOADS[workload])) as upstream:
+        with toy_retriever(args.cache, log, (*WORKLOADS[workload], *args.extra)) as upstream:  # the run's world
             srv, url = serve(latency_proxy(upstream, args.latency_s, args.jitter_s, seed=args.seed))
             try:
                 for i in range(args.rounds):
