@@ -157,8 +157,10 @@ def _teardown(groups) -> None:
     release_pools(pools.values())
 
 
-def _place(cfg) -> tuple[dict[str, list[dict]], float]:
-    start = time.monotonic()
+def _place(cfg) -> dict[str, list[dict]]:
+    """Where each role's workers landed. No time bound: 8-16 worker processes start on 2 shared cores in 20-90 s
+    depending on the machine; a placement that cannot fit fails within trainer.placement_timeout_s (the last test),
+    and pytest's timeout catches a hang."""
     groups = build_worker_groups(cfg, PROBES)
     try:
         roles = {"actor": groups.actor, "critic": groups.critic, "rollout": groups.split_rollout}
@@ -167,7 +169,10 @@ def _place(cfg) -> tuple[dict[str, list[dict]], float]:
             where["rollout_version"] = groups.split_rollout.policy_version()
     finally:
         _teardown(groups)
-    return where, time.monotonic() - start
+    for role, workers in where.items():
+        if role != "rollout_version":  # probe processes load neither torch nor verl (probe_worker.py)
+            assert all(w["heavy"] == [] for w in workers), (role, workers)
+    return where
 
 
 def _assert_distinct_gpus(workers: list[dict], share: float) -> None:
@@ -178,9 +183,9 @@ def _assert_distinct_gpus(workers: list[dict], share: float) -> None:
 
 @pytest.mark.slow
 def test_ppo_colocated_actor_and_critic_share_each_gpu(gpu_cluster):
-    where, took = _place(cfg_of(*PPO))
+    where = _place(cfg_of(*PPO))
     actor, critic = where["actor"], where["critic"]
-    assert len(actor) == len(critic) == 8 and took < 60
+    assert len(actor) == len(critic) == 8
     _assert_distinct_gpus(actor, 0.5)
     _assert_distinct_gpus(critic, 0.5)
     for a, c in zip(actor, critic, strict=True):  # rank r of both groups: the same bundle, the same GPU
@@ -189,16 +194,16 @@ def test_ppo_colocated_actor_and_critic_share_each_gpu(gpu_cluster):
 
 @pytest.mark.slow
 def test_grpo_colocated_one_whole_gpu_per_actor(gpu_cluster):
-    where, took = _place(cfg_of(*GRPO))
-    assert set(where) == {"actor"} and len(where["actor"]) == 8 and took < 60
+    where = _place(cfg_of(*GRPO))
+    assert set(where) == {"actor"} and len(where["actor"]) == 8
     _assert_distinct_gpus(where["actor"], 1.0)
 
 
 @pytest.mark.slow
 def test_split_six_train_two_generate(gpu_cluster):
-    where, took = _place(cfg_of(*GRPO, *SPLIT))  # the critic's share of the actor pool: as colocated (specs test)
+    where = _place(cfg_of(*GRPO, *SPLIT))  # the critic's share of the actor pool: as colocated (specs test)
     actor, rollout = where["actor"], where["rollout"]
-    assert set(where) == {"actor", "rollout", "rollout_version"} and took < 60
+    assert set(where) == {"actor", "rollout", "rollout_version"}
     assert (len(actor), len(rollout)) == (6, 2)
     _assert_distinct_gpus(actor, 1.0)
     _assert_distinct_gpus(rollout, 1.0)
