@@ -155,13 +155,30 @@ def start(index_dir: str, config: ServerConfig, spec: ReplicaSpec, own_ray: bool
     ingress is chosen when Serve starts on the cluster (its controller's environment); a cluster whose Serve already
     runs keeps the ingress it has. `own_ray`: a local Ray this process started (one of maybe several on the host)."""
     env = dict(HAPROXY_ENV)
-    if own_ray:  # HAProxy's stats and metrics ports are per machine: a second local Serve must not collide on them
-        env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    if own_ray:  # a second local Serve on this host must not share the first one's per-machine ports
+        env |= own_ports_env()
     controller = {"runtime_env": {"env_vars": env}} if spec.ingress == "haproxy" else None
     http = {"host": config.host, "port": config.port}
     serve.start(proxy_location="EveryNode", http_options=http, controller_options=controller)
     app = deployment_app(index_dir, config, spec, spread_cap(spec.n, spec.cpus, ray.nodes()))
     serve.run(app, name=APP_NAME, route_prefix="/")
+
+
+def own_ports_env() -> dict[str, str]:
+    """Serve's ports that default to one set per machine, made this server's: HAProxy's stats and metrics ports, and
+    the ranges its controller hands replicas for their direct-ingress servers (30000-31000 and 40000-41000 by
+    default). With the shared range, a second local server's controller gave its replica a port the first server's
+    replica held; until the replica moved on, the second HAProxy sent requests to the first server's replica (seen
+    once in tests/retrieval/test_retrieval_replicas.py). Each range here starts at a port free now (64 wide)."""
+    http, grpc = free_port(), free_port()
+    return {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http + 63),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc + 63),
+    }
 
 
 def free_port() -> int:
