@@ -120,9 +120,59 @@ def rows_of_trajectories(non_tensors) -> np.ndarray:
     return np.array([where[t] for t in ids], dtype=np.int64)
 
 
+# what a padded position of a [B, R] key holds (every other key: 0; token ids: the batch's own pad id)
+_RESPONSE_FILL = {"rollout_versions": -1}
+_SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")  # [B, P+R]
+
+
+def join_rows(batches: list):
+    """THE owner of a batch's row widths: the DataProtos of several chunks (the generation workers' chunks, streamed
+    groups, validation batches), each padded to its own widest row, joined into one. Every chunk is padded to the
+    widest prompt (left) and the widest response (right) among them, concatenated, and the columns that are padding
+    in every row are trimmed. A folded row's prompt may be wider than data.max_prompt_length (its context is the
+    prompt plus part of the history) and a `summary` row's response wider than rollout.max_response_length (the note),
+    so no fixed width holds; nothing else pads rows. Pads the chunks in place."""
+    batches = [b for b in batches if len(b)] or batches[:1]
+    prompt_width = max(b.batch["prompts"].shape[1] for b in batches)
+    response_width = max(b.batch["responses"].shape[1] for b in batches)
+    for b in batches:
+        _pad_to(b.batch, prompt_width, response_width)
+    out = type(batches[0]).concat(batches)
+    trim_padding(out.batch)
+    return out
+
+
+def _pad_value(ids: torch.Tensor, real: torch.Tensor) -> int:
+    """The pad id a chunk already uses (its token at a padded position), 0 when it has none."""
+    padded = ids[~real.bool()]
+    return int(padded[0]) if len(padded) else 0
+
+
+def _pad_to(tensors, prompt_width: int, response_width: int) -> None:
+    """Left-pad the prompt side and right-pad the response side of one chunk's keys to the given widths, in place."""
+    prompt_len, response_len = tensors["prompts"].shape[1], tensors["responses"].shape[1]
+    left, right = prompt_width - prompt_len, response_width - response_len
+    if not left and not right:
+        return
+    attn = tensors["attention_mask"]
+    pad_id = _pad_value(tensors["input_ids"], attn)
+    for key in list(tensors.keys()):
+        value = tensors[key]
+        if key == "prompts":
+            tensors[key] = torch.nn.functional.pad(value, (left, 0), value=pad_id)
+        elif key in _SEQUENCE_KEYS:
+            fill = pad_id if key == "input_ids" else 0
+            tensors[key] = torch.nn.functional.pad(value, (left, right), value=fill)
+        elif value.dim() == 2 and value.shape[1] == response_len:
+            fill = pad_id if key == "responses" else _RESPONSE_FILL.get(key, 0)
+            tensors[key] = torch.nn.functional.pad(value, (0, right), value=fill)
+    if "position_ids" in tensors:  # as the rollout defines them (`sequence_keys`)
+        tensors["position_ids"] = (tensors["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+
+
 def trim_padding(tensors) -> None:
     """Drop the prompt columns that are padding in every row (left) and the response columns that are padding in
-    every row (right), in place. Workers pad their chunks to fixed widths so the chunks concatenate."""
+    every row (right), in place (`join_rows` pads chunks to a common width first)."""
     prompt_len = tensors["prompts"].shape[1]
     attn = tensors["attention_mask"]
     real_p = attn[:, :prompt_len].any(dim=0).nonzero()

@@ -1,23 +1,18 @@
-"""The run's data, by `data.source`: the toy world (rsearch_verl/toy/run_data.py) or parquet files
-(rsearch_verl/data/run_data.py). Sits above both wings, which import neither each other's loader nor this.
+"""The record of a run's data: the prompts it trains and validates on and the corpus its own retrieval server serves.
+Every data source's loader returns one (rsearch_verl/trainer/data_sources.py picks the loader by `data.source`).
 
-    data = load_run_data(cfg, protocol)   # -> RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
-                                          # `protocol`: the run's (protocol_for(cfg)), which renders the prompts
+    data = RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
 """
 
 from __future__ import annotations
 
-from rsearch_verl.config import DATA_SOURCES, RSearchConfig
-from rsearch_verl.data.run_data import RunData, parquet_data
-from rsearch_verl.rollout.protocols import SearchProtocol
-from rsearch_verl.toy.run_data import toy_world_data
-
-LOADERS = {"toy_world": toy_world_data, "parquet": parquet_data}  # one per DATA_SOURCES name (the config's list)
-assert set(LOADERS) == set(DATA_SOURCES), "a data source without its loader (or the reverse)"
+import dataclasses
 
 
-def load_run_data(cfg: RSearchConfig, protocol: SearchProtocol) -> RunData:
-    """The run's data (`data.source`). `protocol`: the run's (`protocol_for(cfg)`), which renders the prompts."""
-    if cfg.data.source not in LOADERS:
-        raise ValueError(f"data.source: {cfg.data.source!r} is not one of {list(DATA_SOURCES)}")
-    return LOADERS[cfg.data.source](cfg, protocol)
+@dataclasses.dataclass
+class RunData:
+    train_rows: list[dict]
+    val_rows: list[dict]
+    corpus: str | None  # the corpus the recipe's own retriever serves (None: an external retriever)
+    index_dir: str | None
+    tokenizer_path: str | None = None  # the toy world's own small tokenizer

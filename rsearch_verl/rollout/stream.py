@@ -17,6 +17,7 @@ same seed and the same weights, and a sample of each finished group gets the bat
     stream = TrajectoryStream(engine, tokenizer, cfg, protocol)        # starts its thread
     stream.submit([group_a, group_b])      # DataProto of one prompt each; meta_info: seed, stream_seq
     finished, state = stream.poll(wait_s=0.5)   # finished groups (DataProto each) and the in-flight state
+    window = stream.metrics()              # the search window and counters (hands over no group)
     lost = stream.reset()                  # cancel everything in flight (rollback, resume); returns the count
     out = stream.run_batch(prompts)        # a whole batch (validation) on the stream's loop, beside the stream
     stream.close()
@@ -93,21 +94,22 @@ class TrajectoryStream:
         for prompts in groups:
             self._call(self._start, prompts)
 
-    def poll(self, wait_s: float = 0.0, metrics: bool = False) -> tuple[list[DataProto], dict]:
+    def poll(self, wait_s: float = 0.0) -> tuple[list[DataProto], dict]:
         """The groups finished since the last poll (waiting up to `wait_s` for one) and the stream's state:
         `in_flight` [(seq, start_version or None)], `failed` (seqs whose generation raised), `trajectories_in_flight`,
-        `busy_s` (seconds with at least one trajectory generating, since start-up); with `metrics`, the search window
-        since the last such poll."""
+        `busy_s` (seconds with at least one trajectory generating, since start-up). The finished groups and the state
+        are read in one step of the stream's loop (a group leaves `in_flight` and joins the finished ones in one step
+        too), so every group submitted is in exactly one of them."""
         with self._lock:
             self._lock.wait_for(lambda: self._finished or self._failed or self._fatal, timeout=wait_s)
             if self._fatal is not None:
                 raise self._fatal
-            finished, self._finished = list(self._finished), collections.deque()
-            failed, self._failed = self._failed, []
-        state = {**self._call(self._state), "failed": failed}
-        if metrics:
-            state["metrics"] = self._call(self._metrics)
-        return finished, state
+        return self._call(self._take_finished)
+
+    def metrics(self) -> dict:
+        """The search window since the last call, and the counters (`trajectories_done`, `trajectories_in_flight`);
+        hands over no group (collecting metrics never polls)."""
+        return {"metrics": self._call(self._metrics), **self._call(self._state)}
 
     def reset(self) -> int:
         """Cancel every group in flight and forget the finished ones; returns the trajectories lost."""
@@ -166,8 +168,7 @@ class TrajectoryStream:
                 self._failed.append(group.seq)
                 self._lock.notify_all()
             return
-        out = trajectories_batch(trajs, group.prompts, self.tokenizer, {SEQ: group.seq},
-                                 self.cfg.data.max_prompt_length, self.cfg.rollout.max_response_length)  # fmt: skip
+        out = trajectories_batch(trajs, group.prompts, self.tokenizer, {SEQ: group.seq})
         self._groups.pop(group.seq, None)
         if self._round_trip:  # the trained ids are the sampled ones, observations the template's
             try:
@@ -205,6 +206,13 @@ class TrajectoryStream:
             elif self._running == 0 and self._busy_since is not None:
                 self._busy_s += now - self._busy_since
                 self._busy_since = None
+
+    def _take_finished(self) -> tuple[list[DataProto], dict]:
+        """On the loop: the finished and failed groups and the in-flight state, together (see `poll`)."""
+        with self._lock:
+            finished, self._finished = list(self._finished), collections.deque()
+            failed, self._failed = self._failed, []
+        return finished, {**self._state(), "failed": failed}
 
     def _state(self) -> dict:
         groups = sorted(self._groups.values(), key=lambda g: g.seq)

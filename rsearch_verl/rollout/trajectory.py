@@ -3,7 +3,9 @@
 A trajectory is one or more rows (rsearch_verl/rollout/context.py decides when it folds): each row is the context it
 was generated in (its prompt) and the tokens appended in it, with the response mask (1 = sampled by the policy, 0 =
 inserted by the environment), the rollout log-probs and the policy version of each token. A trajectory that never
-folds is one row whose prompt is the question's prompt: the batch is then exactly one row per trajectory.
+folds is one row whose prompt is the question's prompt: the batch is then exactly one row per trajectory. Beside the
+rows, `record` keeps what crossed the engine boundary, copied where it crossed (rsearch_verl/rollout/round_trip.py):
+the reference the token round trip checks the batch against.
 
 `rows_to_batch` turns trajectories into the rollout keys of rsearch_verl/batch.py, one row per segment: tensors from
 the rows, trajectory-level non-tensors (the whole response text and segments, searches, turns, finish reason, the
@@ -12,6 +14,7 @@ context statistics) repeated on each of its rows, plus `traj_id`, `segment_index
     traj = Trajectory(prompt_ids)
     traj.add(ids, 1, logprobs, "policy", text, versions)       # appends to the current row
     traj.open_row(new_context_ids)                            # a fold: the next row's prompt
+    traj.record.sampled(traj.row_index, out.token_ids)        # at the engine boundary (the agent loop does this)
     tensors, non_tensors = rows_to_batch(trajs, non_tensors_of_prompts, pad_id)
 """
 
@@ -24,6 +27,7 @@ import torch
 
 from rsearch_verl.batch import sequence_keys
 from rsearch_verl.rollout.context import Row, Turn
+from rsearch_verl.rollout.round_trip import EngineRecord
 
 
 @dataclass
@@ -41,6 +45,9 @@ class Trajectory:
     folds: int = 0
     context_lens: list[int] = field(default_factory=list)  # context tokens at each generation (prefill, no cache)
     decode_tokens: int = 0  # tokens generated
+    # what crossed the engine boundary, copied there (rollout/round_trip.py): the round-trip check's reference, never
+    # one of the lists the rows extend
+    record: EngineRecord = field(default_factory=EngineRecord)
 
     def __post_init__(self):
         if not self.rows:
@@ -49,6 +56,11 @@ class Trajectory:
     @property
     def row(self) -> Row:
         return self.rows[-1]
+
+    @property
+    def row_index(self) -> int:
+        """The row being generated (what the engine record files its entries under)."""
+        return len(self.rows) - 1
 
     @property
     def prompt_len(self) -> int:
@@ -93,9 +105,10 @@ def object_array(values: list) -> np.ndarray:
     return arr
 
 
-def _pad_rows(rows: list[Row], pad_id: int, pad_prompt_to: int | None, pad_response_to: int | None):
-    width_p = max([len(r.prompt_ids) for r in rows] + [pad_prompt_to or 0])
-    width_r = max([len(r.response_ids) for r in rows] + [pad_response_to or 0, 1])
+def _pad_rows(rows: list[Row], pad_id: int):
+    """The rows as tensors, padded to the widest prompt (left) and response (right) among them."""
+    width_p = max(len(r.prompt_ids) for r in rows)
+    width_r = max([len(r.response_ids) for r in rows] + [1])
     b = len(rows)
     prompt_t = torch.full((b, width_p), pad_id, dtype=torch.long)
     prompt_m = torch.zeros((b, width_p), dtype=torch.long)
@@ -119,13 +132,12 @@ def _pad_rows(rows: list[Row], pad_id: int, pad_prompt_to: int | None, pad_respo
     return {**sequence_keys(prompt_t, resp_t, attn, resp_mask), "rollout_log_probs": logp, "rollout_versions": versions}
 
 
-def rows_to_batch(trajs: list[Trajectory], non_tensors: dict[str, np.ndarray], pad_id: int,
-                  pad_prompt_to: int | None = None, pad_response_to: int | None = None):  # fmt: skip
+def rows_to_batch(trajs: list[Trajectory], non_tensors: dict[str, np.ndarray], pad_id: int):
     """Tensors and non-tensors of the batch, one row per segment (module docstring); `non_tensors` are the prompts'
     (one entry per trajectory), repeated on each of its rows."""
     owner = [i for i, t in enumerate(trajs) for _ in t.rows]
     rows = [r for t in trajs for r in t.rows]
-    tensors = _pad_rows(rows, pad_id, pad_prompt_to, pad_response_to)
+    tensors = _pad_rows(rows, pad_id)
     out = {key: values[owner] for key, values in non_tensors.items()}
     per_traj = {
         "response_text": [t.response_text for t in trajs],

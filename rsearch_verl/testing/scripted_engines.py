@@ -7,9 +7,15 @@ the agent loop through searches; nothing in a training run does.
 
     engine = ScriptedHFEngine(model, tokenizer, script=lambda ctx: "<search> capital of France </search>")
     engine = ScriptedVLLMEngine.from_model(RolloutConfig(engine="vllm"), model, tokenizer, script=script)
+    # a main job whose policy always searches (a plug-in engine, named by import path):
+    #   rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine
 """
 
 from __future__ import annotations
+
+import json
+import re
+import zlib
 
 import torch
 
@@ -137,3 +143,49 @@ class ScriptedVLLMEngine(VLLMEngine):
             for i, res in zip(free, super().run_batch([requests[i] for i in free]), strict=True):
                 results[i] = res
         return results  # type: ignore[return-value]
+
+
+def searches_of(question: str, max_searches: int) -> int:
+    """How often the searching script searches for `question`: 1..max_searches, deterministic in its text."""
+    return 1 + zlib.crc32(question.encode()) % max(1, max_searches)
+
+
+def searching_script(protocol: str, max_searches: int):
+    """A policy that searches a question's own number of times (`searches_of`), each query distinct, then answers;
+    a `summary` fold's note is closed at once. Tag protocols (`<search>`) and `tool_call` (Hermes JSON calls)."""
+    tool_call = protocol == "tool_call"
+    close = "</tool_call>" if tool_call else "</search>"
+
+    def script(ctx: str) -> str:
+        if ctx.rstrip().endswith("<note>"):
+            return " searched so far </note>"
+        found = _USER_TURN.search(ctx) or _QUESTION.search(ctx)
+        question = found.group(1).strip() if found else ""
+        done = ctx[found.end() :].count(close) if found else 0
+        if done >= searches_of(question, max_searches):
+            return "<answer> unknown </answer>"
+        query = f"{question[-40:]} {done + 1}"
+        if tool_call:
+            return "<tool_call>\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + "\n</tool_call>"
+        return f"<search> {query} </search>"
+
+    return script
+
+
+_USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+_QUESTION = re.compile(r"Question: (.*)")
+
+
+class SearchingEngine(ScriptedHFEngine):
+    """The HF engine driven by `searching_script` (up to 6 searches a question), as a plug-in engine:
+    `rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine`. Every trajectory searches, so contexts
+    fold (rollout.context) and rows differ in width; tests of composed features run main jobs with it."""
+
+    MAX_SEARCHES = 6
+
+    @classmethod
+    def from_config(cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None):
+        script = searching_script(rollout_cfg.protocol, cls.MAX_SEARCHES)
+        return cls(model if dtype is None else model.to(dtype), tokenizer, script, device=device,
+                   max_batch=max(1, rollout_cfg.max_concurrent_trajectories),
+                   bucket_mb=rollout_cfg.update_weights_bucket_mb)  # fmt: skip

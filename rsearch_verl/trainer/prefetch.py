@@ -6,7 +6,7 @@ the reference log-probs (the frozen reference: valid for a group whatever step t
 (the actor's current weights, version step-1: valid only if that step trains the group). `LogProbPrefetch` computes
 them for the next finished group per wait (or the next few, so that the rows split evenly over the workers), in
 admission order, and records with which version. When the step's batch is taken, each admitted group's rows carry a
-flag per tensor (`PREFETCHED_OLD`, `PREFETCHED_REF`: 1-D, so they survive `trim_padding` and `fit_rows`); the loop's
+flag per tensor (`PREFETCHED_OLD`, `PREFETCHED_REF`: 1-D, so they survive `join_rows` and `fit_rows`); the loop's
 phases compute only the rows without it (`fill_log_probs`). With `check`, the loop recomputes every row as well and
 fails the run if a prefetched value differs by more than `CHECK_TOL` (tests/e2e/test_e2e_streaming.py).
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from verl import DataProto
 
-from rsearch_verl.batch import trim_padding
+from rsearch_verl.batch import join_rows
 
 PREFETCHED_OLD = "prefetched_old"
 PREFETCHED_REF = "prefetched_ref"
@@ -55,15 +55,14 @@ class LogProbPrefetch:
         start = time.perf_counter()
         old = any(self._old.get(seq) != version for seq, _ in todo)
         ref = self.with_ref and any(seq not in self._ref for seq, _ in todo)
-        width = todo[0][1].batch["responses"].shape[1]  # the stream's: every group is padded to it
-        # a new batch (concat copies the tensors), trimmed to the groups' own lengths; padded back to the stream's below
-        view = DataProto.concat([DataProto(batch=b.batch, non_tensor_batch=b.non_tensor_batch) for _, b in todo])
-        trim_padding(view.batch)
+        # a new batch of shallow copies (join_rows pads what it joins), cut back to each group's own width below
+        view = join_rows([DataProto(batch=b.batch.copy(), non_tensor_batch=b.non_tensor_batch) for _, b in todo])
         out = self.compute(view, old, ref)
         first = 0
         for seq, batch in todo:
+            width = batch.batch["responses"].shape[1]  # each group is padded to its own widest row
             for key in list(out.batch.keys()):
-                value = out.batch[key][first : first + len(batch)]
+                value = out.batch[key][first : first + len(batch), :width]
                 batch.batch[key] = torch.nn.functional.pad(value, (0, width - value.shape[1]))
             first += len(batch)
             if old:

@@ -11,12 +11,12 @@ between two decode steps; with `wait` they are parked until the running batch ha
 before the engine holds at least the policy version the driver asks for (`meta_info["min_version"]`), which is how
 the staleness bound holds. `idle_seconds()` reports the time the worker spent not generating.
 
-With trainer.rollout_mode=streaming the driver calls `stream_submit` / `stream_poll` / `stream_abort` /
-`stream_reset` on each worker's handle: the worker's trajectory stream (rsearch_verl/rollout/stream.py) keeps a pool
-of trajectories generating on the same engine, and validation batches run beside it on the stream's loop.
+With trainer.rollout_mode=streaming the driver calls `stream_submit` / `stream_poll` / `stream_metrics` /
+`stream_abort` / `stream_reset` on each worker's handle: the worker's trajectory stream (rsearch_verl/rollout/stream.py)
+keeps a pool of trajectories generating on the same engine, and validation batches run beside it on the stream's loop.
 
-Every worker pads its chunk to the same widths (data.max_prompt_length, rollout.max_response_length), so the
-chunks concatenate in the driver, which then trims the all-padding columns (`rsearch_verl.batch.trim_padding`).
+Every worker's chunk is padded to its own widest row; the driver joins the chunks (`rsearch_verl.batch.join_rows`,
+the one owner of row widths: a folded row can be wider than data.max_prompt_length + rollout.max_response_length).
 
 Usage:
     runner = GenerationRunner(cfg, model, tokenizer, device)
@@ -45,6 +45,7 @@ from rsearch_verl.rollout.engines.base import Weights
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.rollout.stream import TrajectoryStream
 from rsearch_verl.workers.fsdp import local_device
+from rsearch_verl.workers.generation_group import ROLLOUT_DISPATCH
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class GenerationRunner:
         self.protocol = protocol_for(cfg)
         # HF: the engine owns its own copy (the FSDP model's parameters become sharded DTensors); vLLM only reads
         # `model` to start (dummy weights, then these streamed in), so no copy
-        engine_model = copy.deepcopy(model) if cfg.rollout.engine == "hf" else model
+        engine_model = model if cfg.rollout.engine == "vllm" else copy.deepcopy(model)
         dtype = getattr(torch, cfg.model.dtype)  # the compute dtype, whatever precision the actor's masters keep
         self.engine = make_engine(cfg.rollout, engine_model, tokenizer, device=str(device.type), dtype=dtype)
 
@@ -82,8 +83,6 @@ class GenerationRunner:
             prompts,
             self.cfg,
             protocol=self.protocol,
-            pad_prompt_to=self.cfg.data.max_prompt_length,
-            pad_response_to=self.cfg.rollout.max_response_length,
         )
         if restore is not None and self.engine.frees_memory_on_sleep:
             self.engine.sleep(self.SLEEP_LEVEL)  # the actor's turn: log-probs and the update
@@ -135,7 +134,7 @@ class GenerationWorker(Worker):
         tokenizer, model = build_policy(self.cfg)
         self.runner = GenerationRunner(self.cfg, model, tokenizer, device)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    @register(dispatch_mode=ROLLOUT_DISPATCH, blocking=False)  # chunks joined by the driver (join_rows)
     def generate_sequences_async(self, prompts: DataProto) -> DataProto:
         """Generate this worker's share of `prompts`; the driver gets futures at once (`PendingGeneration.result()`)."""
         with self._generating:
@@ -144,8 +143,7 @@ class GenerationWorker(Worker):
                 self._busy_since = time.perf_counter()
             try:
                 if self._stream is not None:  # streaming: validation runs beside the groups in flight
-                    return self._stream.run_batch(prompts, pad_prompt_to=self.cfg.data.max_prompt_length,
-                                                  pad_response_to=self.cfg.rollout.max_response_length)  # fmt: skip
+                    return self._stream.run_batch(prompts)
                 return self.runner.generate(prompts)
             finally:
                 with self._state:
@@ -170,11 +168,17 @@ class GenerationWorker(Worker):
             self._stream = TrajectoryStream(self.runner.engine, self.runner.tokenizer, self.cfg, self.runner.protocol)
         self._stream.submit(groups)
 
-    def stream_poll(self, wait_s: float = 0.0, metrics: bool = False) -> tuple[list[DataProto], dict]:
+    def stream_poll(self, wait_s: float = 0.0) -> tuple[list[DataProto], dict]:
         """Finished groups since the last poll (waiting up to `wait_s` for one) and the stream's state."""
         if self._stream is None:
-            return [], {"in_flight": [], "trajectories_in_flight": 0, "queued_groups": 0, "busy_s": 0.0}
-        return self._stream.poll(wait_s, metrics)
+            return [], {"in_flight": [], "failed": [], "trajectories_in_flight": 0, "queued_groups": 0, "busy_s": 0.0}
+        return self._stream.poll(wait_s)
+
+    def stream_metrics(self) -> dict:
+        """The stream's search window since the last call and its counters; hands over no finished group."""
+        if self._stream is None:
+            return {"metrics": {}, "trajectories_done": 0, "trajectories_in_flight": 0}
+        return self._stream.metrics()
 
     def stream_abort(self, seqs: list[int]) -> int:
         """Cancel these groups; returns the trajectories lost."""

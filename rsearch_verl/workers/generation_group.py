@@ -11,14 +11,25 @@ from __future__ import annotations
 import numpy as np
 import ray
 from verl import DataProto
-from verl.protocol import DataProtoFuture, pad_dataproto_to_divisor
+from verl.protocol import pad_dataproto_to_divisor
+from verl.single_controller.base.decorator import dispatch_dp_compute_data_proto
 from verl.single_controller.ray import RayWorkerGroup
 
-from rsearch_verl.batch import trim_padding
+from rsearch_verl.batch import join_rows, trim_padding
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.workers.metrics import reduce_metrics
 
 _PAD_COPY = "pad_copy"  # rows of the prompts copied to fill the last worker's chunk (dropped from the result)
+
+
+def _chunks_as_returned(worker_group, output: list) -> list:
+    """verl's collect step, left to us: the workers' chunks (or their refs) as they came; `join_rows` joins them
+    (their widths differ: each is padded to its own widest row)."""
+    return list(output)
+
+
+# the dispatch of a generation method: verl's DP split of the prompts; the chunks are joined by `PendingGeneration`
+ROLLOUT_DISPATCH = {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": _chunks_as_returned}
 
 
 class GenerationGroup:
@@ -39,7 +50,7 @@ class GenerationGroup:
         while True:  # a worker that dies meanwhile: the batch again, on the live ones
             refs = self._scatter(prompts)
             try:
-                return PendingGeneration(DataProtoFuture(collect_fn=DataProto.concat, futures=refs)).result()
+                return PendingGeneration(refs).result()
             except ray.exceptions.RayActorError:
                 self._each("policy_version")  # finds and marks the dead one
 
@@ -47,7 +58,7 @@ class GenerationGroup:
         """Start generating and return at once when the group runs on its own (split placement); a colocated group
         generates before this returns (its processes are the actor's)."""
         if self._tolerant:
-            return PendingGeneration(DataProtoFuture(collect_fn=DataProto.concat, futures=self._scatter(prompts)))
+            return PendingGeneration(self._scatter(prompts))
         padded = _padded(prompts, self.n_workers)
         if hasattr(self.group, "generate_sequences_async"):
             return PendingGeneration(self.group.generate_sequences_async(padded))
@@ -110,22 +121,23 @@ def _padded(prompts: DataProto, n_workers: int) -> DataProto:
 
 
 class PendingGeneration:
-    """A batch being generated: `done()` polls, `result()` waits and returns it unpadded, trimmed, metrics reduced."""
+    """A batch being generated: `done()` polls, `result()` waits and returns it unpadded, joined (`join_rows`: the
+    one owner of row widths), metrics reduced."""
 
-    def __init__(self, out):
-        self._out = out  # a DataProto, or verl's DataProtoFuture of the workers' chunks
+    def __init__(self, chunks: list):
+        self._chunks = chunks  # the workers' chunks: DataProtos (colocated, done) or their Ray refs (split)
 
     def done(self) -> bool:
-        if isinstance(self._out, DataProto):
-            return True
-        ready, _ = ray.wait(list(self._out.futures), num_returns=len(self._out.futures), timeout=0)
-        return len(ready) == len(self._out.futures)
+        refs = [c for c in self._chunks if isinstance(c, ray.ObjectRef)]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else (refs, [])
+        return len(ready) == len(refs)
 
     def result(self) -> DataProto:
-        out = self._out if isinstance(self._out, DataProto) else self._out.get()
+        chunks = [ray.get(c) if isinstance(c, ray.ObjectRef) else c for c in self._chunks]
+        out = join_rows(chunks)
         copies = np.array([bool(x) for x in out.non_tensor_batch.pop(_PAD_COPY)], dtype=bool)
         if copies.any():
             out = out.select_idxs(~copies)
+            trim_padding(out.batch)
         out.meta_info["metrics"] = reduce_metrics(out.meta_info)
-        trim_padding(out.batch)
         return out

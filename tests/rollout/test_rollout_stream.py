@@ -101,7 +101,9 @@ def test_groups_come_out_whole_short_ones_first(engine, tok, slow_url):
         nt = batch.non_tensor_batch
         assert len(set(nt["uid"])) == 1 and len(batch) == N  # a whole group (no folding here: one row each)
         assert set(nt["finish_reason"]) == {"answer"}
-        assert batch.batch["responses"].shape[1] == cfg.rollout.max_response_length  # padded to the run's widths
+        # padded to its own widest row (the driver's join_rows pads groups to a common width)
+        widest = int(batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1] :].sum(-1).max())
+        assert batch.batch["responses"].shape[1] == widest
         assert len(set(nt["n_searches"])) == 1
     searches = {int(b.meta_info[SEQ]): int(b.non_tensor_batch["n_searches"][0]) for b in got}
     assert searches == {0: 6, 1: 0, 2: 3, 3: 1}
@@ -161,7 +163,7 @@ def test_reset_cancels_in_flight_and_the_stream_goes_on(engine, tok, slow_url):
         stream.submit(_groups(tok, [4]))
         prompts = _groups(tok, [2])[0]
         prompts.meta_info["validate"] = True
-        val = stream.run_batch(prompts, pad_prompt_to=32, pad_response_to=cfg.rollout.max_response_length)
+        val = stream.run_batch(prompts)
         assert len(val) == cfg.rollout.val_n and list(val.non_tensor_batch["n_searches"]) == [2]
         (rest,) = _collect(stream, 1)
         assert list(rest.non_tensor_batch["n_searches"]) == [4] * N

@@ -23,7 +23,7 @@ from rsearch_verl.trainer import phases
 from rsearch_verl.trainer.health.report import COUNTED, RunHealth
 from rsearch_verl.trainer.loop import Trainer
 from rsearch_verl.trainer.run_control import RunControl
-from rsearch_verl.trainer.stream_pipeline import counted_metrics
+from rsearch_verl.trainer.stream_metrics import counted_metrics
 
 WORKERS_ONLY = {sig.ACTOR_GRAD_NORM, sig.ACTOR_ENTROPY, sig.CRITIC_GRAD_NORM}  # written in the workers' update
 
