@@ -59,7 +59,7 @@ def toy_retriever(cache: str, log_path: str, overrides: tuple[str, ...] = (BASE[
     """The toy world's own BM25 server for the run `overrides` configure, started as a training run starts it (the
     world is built if needed)."""
     from rsearch_verl.rollout.protocols import protocol_for
-    from rsearch_verl.run_data import load_run_data
+    from rsearch_verl.trainer.data_sources import load_run_data
 
     cfg = load_config([*overrides, f"data.toy_world.cache_dir={cache}"])
     data = load_run_data(cfg, protocol_for(cfg))

@@ -163,8 +163,8 @@ def warm_start_of(variant: str, world: int, args) -> str:
     from rsearch_verl.config import load_config
     from rsearch_verl.rollout.protocols import protocol_for
     from rsearch_verl.run_context import RunContext
-    from rsearch_verl.toy.run_data import toy_world_data
     from rsearch_verl.toy.warm_start import warm_start_dir
+    from rsearch_verl.toy.world_data import toy_world_data
 
     cfg = load_config([*VARIANTS[variant], *WORLDS[args.world], f"data.toy_world.seed={world}", *args.extra])
     path = warm_start_dir(RunContext(tokenizer_path=toy_world_data(cfg, protocol_for(cfg)).tokenizer_path).apply(cfg))

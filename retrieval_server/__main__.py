@@ -1,13 +1,14 @@
 """Command line of the retrieval server: `build` an index, `serve` it over HTTP.
 
-    python -m retrieval_server build --corpus C.jsonl --encoder minilm --index-type flat --out DIR
+    python -m retrieval_server build --corpus C.jsonl --encoder minilm --index-type flat --out DIR [--chunk-tokens N]
     python -m retrieval_server serve --index DIR --host 127.0.0.1 --port 8000 [--token T]
                                      [--batch-max 64] [--batch-wait-ms 0] [--max-topk 100] [--device cpu]
+                                     [--page-tokens 512] [--max-document-ids 64]       # POST /documents
                                      [--replicas N [--replica-cpus 1]]   # Ray Serve, see retrieval_server/replicas.py
 
 `serve` binds 127.0.0.1 unless `--host` says otherwise; `--token` (or $RETRIEVER_TOKEN) turns on bearer auth for
-/retrieve. One uvicorn worker: the index is loaded once and the micro-batcher owns the cores; `--replicas N` serves
-the same app from N Ray Serve replicas instead.
+/retrieve and /documents. One uvicorn worker: the index is loaded once and the micro-batcher owns the cores;
+`--replicas N` serves the same app from N Ray Serve replicas instead.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-topk", type=int, default=d.max_topk)
     p.add_argument("--default-topk", type=int, default=d.default_topk)
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--page-tokens", type=int, default=d.page_tokens, help="POST /documents: whitespace words per page")
+    p.add_argument("--max-document-ids", type=int, default=d.max_document_ids, help="POST /documents: ids per request")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = library default)")
     p.add_argument(
         "--workers", type=int, default=0, help="batches searched at once (0 = auto: 2 on a multi-core CPU, else 1)"
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m retrieval_server", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build_p = sub.add_parser("build", help="encode a JSONL corpus and write an index directory")
-    serve_p = sub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, GET /health)")
+    serve_p = sub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, POST /documents, GET /health)")
     add_serve_args(serve_p)
     # heavy: build imports faiss, which must load after OMP_WAIT_POLICY is set above
     from retrieval_server.build import add_build_args

@@ -5,10 +5,16 @@ API (wire-compatible with Search-R1's `retrieval_server.py`, so either side can 
     POST /retrieve  {"queries": [str, ...], "topk": int | null, "return_scores": bool}
         -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   (return_scores true)
         -> {"result": [[{"id", "contents"}, ...], ...]}                                 (return_scores false)
-    GET  /health    -> {"status": "ok", "n_docs", "encoder", "index_type", "mode", "auth", "limits", "batching"}
+    POST /documents {"ids": [str, ...], "page": int (0-based, default 0)}
+        -> {"result": [{"id", "contents", "page", "pages"}, ...]}   a page (--page-tokens words) of each document
+    GET  /health    -> {"status": "ok", "n_docs", "n_documents", "encoder", "index_type", "mode", "auth", "limits", ...}
 
-Bad input is answered 4xx with `{"detail": "..."}` (400 malformed JSON, 401 missing/wrong bearer token, 413 body too
-large, 422 wrong types / empty / over a limit); a 500 only means a bug or a broken index, never client input.
+A chunked index's passages (`build --chunk-tokens N`) carry their document's id as `doc_id` in /retrieve's documents;
+an unchunked index's passages are their own documents (`id`), and its /retrieve answers are exactly as before.
+
+Bad input is answered 4xx with `{"detail": "..."}` (400 malformed JSON, 401 missing/wrong bearer token, 404 unknown
+document id, 413 body too large, 422 wrong types / empty / over a limit / a page past the document's end); a 500 only
+means a bug or a broken index, never client input.
 
 /retrieve is a pure ASGI handler (`RetrieveFastPath`): raw-bytes parsing with orjson, requests coalesced by
 `MicroBatcher` into `retriever.search` calls on up to `workers` threads, responses serialised on those threads. The
@@ -31,10 +37,12 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from retrieval_server.batching import MicroBatcher
 from retrieval_server.config import ServerConfig
+from retrieval_server.documents import PageOutOfRange, paginate
 
 logger = logging.getLogger(__name__)
 
@@ -160,17 +168,76 @@ def check_limits(config: ServerConfig, queries: Any, topk: Any, return_scores: A
     return queries, topk, return_scores
 
 
-def parse_retrieve_body(config: ServerConfig, body: bytes) -> Job:
-    """Decode and validate a raw /retrieve body (no pydantic)."""
+def _json_object(body: bytes) -> dict:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise HTTPException(400, f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise HTTPException(422, "body must be a JSON object")
+    return data
+
+
+def parse_retrieve_body(config: ServerConfig, body: bytes) -> Job:
+    """Decode and validate a raw /retrieve body (no pydantic)."""
+    data = _json_object(body)
     if "queries" not in data:
         raise HTTPException(422, "missing field 'queries'")
     return check_limits(config, data["queries"], data.get("topk"), data.get("return_scores", False))
+
+
+def parse_documents_body(config: ServerConfig, body: bytes) -> tuple[list[str], int]:
+    """Decode and validate a raw /documents body into (ids, page); HTTPException(400 / 422) naming the problem."""
+    data = _json_object(body)
+    if "ids" not in data:
+        raise HTTPException(422, "missing field 'ids'")
+    ids = data["ids"]
+    if not isinstance(ids, list):
+        raise HTTPException(422, "'ids' must be a list of strings")
+    if not ids:
+        raise HTTPException(422, "'ids' must not be empty")
+    if len(ids) > config.max_document_ids:
+        raise HTTPException(422, f"too many ids: {len(ids)} > {config.max_document_ids}")
+    for i, doc_id in enumerate(ids):
+        if not isinstance(doc_id, str):
+            raise HTTPException(422, f"ids[{i}] must be a string")
+        if not doc_id:
+            raise HTTPException(422, f"ids[{i}] is empty")
+        if len(doc_id) > config.max_query_chars:
+            raise HTTPException(422, f"ids[{i}] longer than {config.max_query_chars} characters")
+    page = data.get("page")
+    page = 0 if page is None else page
+    if not isinstance(page, int) or isinstance(page, bool):  # `"page": true` must not mean page 1
+        raise HTTPException(422, "'page' must be an integer or null")
+    if page < 0:
+        raise HTTPException(422, f"'page' must be >= 0, got {page}")
+    return ids, page
+
+
+def read_documents(store: Any, ids: list[str], page: int, page_tokens: int) -> list[dict]:
+    """Page `page` of each document in `ids` from `store` (a DocumentStore, or None for an index without documents);
+    HTTPException 404 naming the unknown ids, 422 for a page past a document's end."""
+    if store is None:
+        raise HTTPException(
+            404, "this index stores no documents (built before /documents existed): rebuild it to serve documents"
+        )
+    found = store.get(ids)
+    missing = [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in found]
+    if missing:
+        named = ", ".join(repr(m[:200]) for m in missing[:5])
+        if len(missing) > 5:
+            named += f" and {len(missing) - 5} more"
+        raise HTTPException(404, f"unknown document id{'s' if len(missing) > 1 else ''}: {named}")
+    out = []
+    for doc_id in ids:
+        try:
+            contents, pages = paginate(found[doc_id], page, page_tokens)
+        except PageOutOfRange as exc:
+            raise HTTPException(
+                422, f"page {page} is past the end of document {doc_id[:200]!r} ({exc.pages} pages: 0..{exc.pages - 1})"
+            ) from None
+        out.append({"id": doc_id, "contents": contents, "page": page, "pages": pages})
+    return out
 
 
 def format_results(
@@ -261,9 +328,23 @@ def create_app(config: ServerConfig, retriever: Any) -> FastAPI:
     async def health() -> dict:
         return health_body(config, retriever, "batched", batcher.stats.as_dict())
 
+    add_documents_route(app, config, getattr(retriever, "documents", None))
+
     app.add_middleware(RetrieveFastPath, config=config, batcher=batcher)  # inside the body limit (added next)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     return app
+
+
+def add_documents_route(app: FastAPI, config: ServerConfig, store: Any) -> None:
+    """POST /documents on `app`: pages of whole documents from `store` (retrieval_server/documents.py)."""
+
+    @app.post("/documents")
+    async def documents(request: Request) -> Response:
+        check_token(config, request.headers.get("authorization"))
+        ids, page = parse_documents_body(config, await request.body())
+        # SQLite and the paging off the event loop: a long document costs milliseconds
+        result = await run_in_threadpool(read_documents, store, ids, page, config.page_tokens)
+        return Response(orjson.dumps({"result": result}), media_type="application/json")
 
 
 def health_body(config: ServerConfig, retriever: Any, mode: str, batching: dict | None) -> dict:
@@ -273,7 +354,8 @@ def health_body(config: ServerConfig, retriever: Any, mode: str, batching: dict 
         "status": "ok",
         **info,
         "pid": os.getpid(),  # which process answered: a Ray Serve replica, or the single server
-        "n_docs": retriever.n_docs,
+        "n_docs": retriever.n_docs,  # passages (index rows)
+        "n_documents": info.get("n_documents"),  # whole documents served by /documents (None: none stored)
         "encoder": info.get("encoder"),
         "index_type": info.get("index_type"),
         "mode": mode,
@@ -283,6 +365,8 @@ def health_body(config: ServerConfig, retriever: Any, mode: str, batching: dict 
             "max_query_chars": config.max_query_chars,
             "max_topk": config.max_topk,
             "max_body_bytes": config.max_body_bytes,
+            "page_tokens": config.page_tokens,
+            "max_document_ids": config.max_document_ids,
         },
         "batching": batching,
     }

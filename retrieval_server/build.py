@@ -2,10 +2,16 @@
 
     python -m retrieval_server build --corpus wiki.jsonl --encoder e5 --index-type ivfpq --out indexes/wiki \
         --device cuda --batch-size 512 --rerank-factor 4
+    python -m retrieval_server build --corpus docs.jsonl --encoder bm25 --out indexes/docs --chunk-tokens 128
+
+`--chunk-tokens N` (N > 0) treats each corpus line as a whole document and indexes passages of at most N words of it
+(ids `<doc id>#<k>`, each knowing its `doc_id`: retrieval_server/documents.py); 0, the default, indexes each line as
+one passage, exactly as before chunking existed.
 
 Layout of `--out`:
 
-    corpus/             CorpusStore (contents.bin + offsets.npy)
+    corpus/             CorpusStore (contents.bin + offsets.npy) of the passages; [chunking.json] when chunked
+    documents.sqlite    the whole documents, for POST /documents (retrieval_server/documents.py)
     emb/chunk_NNNNN.npy fp16 passage embeddings, `chunk_size` rows each, each written atomically
     index.faiss, index_params.json, [vectors.f16.npy]   or   bm25/
     manifest.json       written LAST and atomically: its presence means "index complete"
@@ -30,13 +36,16 @@ import numpy as np
 from tqdm import tqdm
 
 from retrieval_server.bm25 import BM25_DIR, DEFAULT_B, DEFAULT_K1, BM25Index
-from retrieval_server.corpus import CorpusStore
+from retrieval_server.corpus import OFFSETS, CorpusStore, read_corpus
+from retrieval_server.documents import DOCUMENTS_FILE, DocumentWriter, chunk_document
+from retrieval_server.fingerprint import index_fingerprint
 from retrieval_server.index import INDEX_TYPES, DenseIndex
 from retrieval_server.retriever import CORPUS_DIR, MANIFEST
 
 logger = logging.getLogger(__name__)
 
 EMB_DIR = "emb"
+CHUNKING_FILE = "chunking.json"  # in corpus/: the --chunk-tokens its passages were cut with (absent: 0)
 DEFAULT_CHUNK = 100_000
 
 
@@ -80,12 +89,19 @@ def add_build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pq-m", type=int, default=None)
     parser.add_argument("--nprobe", type=int, default=None)
     parser.add_argument("--rerank-factor", type=int, default=None, help="> 1: exact re-rank from fp16 on disk")
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=0,
+        help="> 0: each corpus line is a document, indexed as passages of at most this many whitespace words "
+        "(ids <doc id>#<k>); 0 = one passage per line (default)",
+    )
 
 
 def run_build(args: argparse.Namespace) -> str:
     """CLI entry: build the index described by `args`; returns the output directory."""
     params = ("hnsw_m", "ef_search", "nlist", "pq_m", "nprobe", "rerank_factor")  # None: the index type's default
-    options = ("encoder_path", "pooling", "batch_size", "chunk_size", "device", "max_length")
+    options = ("encoder_path", "pooling", "batch_size", "chunk_size", "device", "max_length", "chunk_tokens")
     kwargs = {k: getattr(args, k) for k in options}
     kwargs |= {k: getattr(args, k) for k in params if getattr(args, k) is not None}
     return build_index(args.corpus, args.encoder, args.index_type, args.out, **kwargs)
@@ -103,15 +119,20 @@ def build_index(
     chunk_size: int = DEFAULT_CHUNK,
     device: str = "cpu",
     max_length: int = 256,
+    chunk_tokens: int = 0,
     **params,
 ) -> str:
-    """Build `out` from `corpus`. `encoder` is a name / path ("bm25" for BM25) or a loaded `Encoder`."""
+    """Build `out` from `corpus`. `encoder` is a name / path ("bm25" for BM25) or a loaded `Encoder`; `chunk_tokens`
+    > 0 indexes passages of at most that many words of each document (corpus line), 0 one passage per line."""
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")
     t0 = time.perf_counter()
     out_dir = Path(out)
     with _removed_if_failed(out_dir):
+        _check_chunking(out_dir, chunk_tokens)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the directory is "incomplete" until we finish
-        store = CorpusStore.build(corpus, str(out_dir / CORPUS_DIR))
+        store = _build_corpus(corpus, out_dir, chunk_tokens)
         if encoder == "bm25":
             manifest = _build_bm25(store, out_dir, params)
         else:
@@ -119,6 +140,7 @@ def build_index(
                 from retrieval_server.encoders import load_encoder  # heavy: torch + transformers, dense indexes only
 
                 encoder = load_encoder(encoder, device, encoder_path, pooling, max_length, batch_size)
+            _warn_if_truncated(chunk_tokens, encoder.max_length)
             chunks = _encode_chunks(store, encoder, out_dir / EMB_DIR, chunk_size)
             manifest = _build_dense(chunks, encoder.dim, index_type, out_dir, len(store), params)
             manifest.update(
@@ -128,6 +150,9 @@ def build_index(
                 max_length=encoder.max_length,
             )
         manifest.update(n_docs=len(store), build_s=round(time.perf_counter() - t0, 1))
+        if chunk_tokens:  # absent = 0: an unchunked index's manifest (and fingerprint) stay what they were
+            manifest["chunk_tokens"] = chunk_tokens
+        manifest["fingerprint"] = index_fingerprint(str(out_dir), manifest)  # GET /health reports it
         _write_json_atomic(out_dir / MANIFEST, manifest)
         logger.info("index complete: %s (%d docs, %.0f s)", out_dir, len(store), time.perf_counter() - t0)
         return str(out_dir)
@@ -145,6 +170,59 @@ def _removed_if_failed(out_dir: Path):
         if created and not any((out_dir / EMB_DIR).glob("*.npy")):
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
+
+
+def _check_chunking(out_dir: Path, chunk_tokens: int) -> None:
+    """Refuse to resume a directory whose passages were cut differently: its embedding chunks (and corpus store)
+    would be reused for passages they do not belong to."""
+    store_dir = out_dir / CORPUS_DIR
+    if not store_dir.is_dir():
+        return
+    marker = store_dir / CHUNKING_FILE
+    before = json.loads(marker.read_text())["chunk_tokens"] if marker.exists() else 0
+    if before != chunk_tokens:
+        raise ValueError(
+            f"{out_dir} holds an index built with --chunk-tokens {before}, not {chunk_tokens}: "
+            "build into a new --out (or delete that directory)"
+        )
+
+
+def _build_corpus(corpus: str, out_dir: Path, chunk_tokens: int) -> CorpusStore:
+    """The passage store (corpus/) and documents.sqlite, written together in one pass over the corpus (skipped when
+    both are complete: a resumed build)."""
+    store_dir, db_path = out_dir / CORPUS_DIR, out_dir / DOCUMENTS_FILE
+    if (store_dir / OFFSETS).exists() and db_path.exists():
+        return CorpusStore.open(str(store_dir))
+    if chunk_tokens:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(store_dir / CHUNKING_FILE, {"chunk_tokens": chunk_tokens})
+
+    with DocumentWriter(db_path, chunk_tokens) as writer:
+
+        def passages():
+            row = 0
+            for lineno, rec in read_corpus(corpus):
+                parts = chunk_document(rec, chunk_tokens) if chunk_tokens else [rec]
+                writer.add(rec, row, len(parts), where=f"{corpus}:{lineno}")
+                row += len(parts)
+                yield from parts
+
+        store = CorpusStore.write(passages(), str(store_dir), corpus)
+    logger.info("%d documents, %d passages (chunk_tokens=%d)", writer.n_documents, len(store), chunk_tokens)
+    return store
+
+
+def _warn_if_truncated(chunk_tokens: int, max_length: int) -> None:
+    # ~1.3 subword tokens per English word, plus the title: longer passages lose their tail to the encoder's cut
+    if chunk_tokens and chunk_tokens * 1.3 > max_length:
+        logger.warning(
+            "--chunk-tokens %d words is about %d encoder tokens, over --max-length %d: passage tails are not encoded "
+            "(use --chunk-tokens <= %d or a larger --max-length)",
+            chunk_tokens,
+            int(chunk_tokens * 1.3),
+            max_length,
+            int(max_length / 1.3),
+        )
 
 
 def _build_bm25(store: CorpusStore, out_dir: Path, params: dict) -> dict:

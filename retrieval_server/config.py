@@ -42,12 +42,16 @@ class ServerConfig:
     workers: int = 1  # batches searched at once, each on its own thread (the CLI picks 2 on CPU)
     log_level: str = "warning"
     cpus: int = 0  # cores this server may use (0 = the process's CPU affinity; a Ray Serve replica: its num_cpus)
+    # POST /documents: whitespace words per page of a document, and ids per request
+    page_tokens: int = 512
+    max_document_ids: int = 64
 
     def validated(self) -> ServerConfig:
         """Return self after checking every field; raise ValueError naming the bad field."""
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         positive = ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "default_topk", "batch_max")
+        positive += ("page_tokens", "max_document_ids")
         if self.cpus < 0:
             raise ValueError(f"cpus must be >= 0, got {self.cpus}")
         for name in (*positive, "workers"):

@@ -6,7 +6,9 @@ A corpus is JSONL, one passage per line: `{"id": str, "contents": "\"Title\"\nte
     contents.bin   the passages' JSON records (utf-8) back to back
     offsets.npy    int64 [n + 1]; passage i is contents.bin[offsets[i]:offsets[i + 1]]
 
-so a 21M-passage Wikipedia costs no per-passage Python object and almost no resident memory until read.
+so a 21M-passage Wikipedia costs no per-passage Python object and almost no resident memory until read. A chunked
+build (`build --chunk-tokens N`, retrieval_server/documents.py) writes its passages with `CorpusStore.write`; their
+records carry a `doc_id` too, which /retrieve passes on.
 
 Usage:
     store = CorpusStore.build("wiki.jsonl", "index/corpus")   # or CorpusStore.open("index/corpus")
@@ -22,6 +24,7 @@ import mmap
 import os
 import random
 from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,23 +46,27 @@ class CorpusStore:
     @classmethod
     def build(cls, corpus_jsonl: str, out_dir: str) -> CorpusStore:
         """Stream `corpus_jsonl` into `out_dir` (skipped when already complete) and open it."""
-        out = Path(out_dir)
-        if (out / OFFSETS).exists():
+        if (Path(out_dir) / OFFSETS).exists():
             return cls.open(out_dir)
+        return cls.write((rec for _, rec in read_corpus(corpus_jsonl)), out_dir, corpus_jsonl)
+
+    @classmethod
+    def write(cls, passages: Iterable[dict], out_dir: str, source: str = "the corpus") -> CorpusStore:
+        """Write `passages` (JSON-able dicts, `{"id", "contents"}` and maybe more keys) as the store in `out_dir`,
+        replacing one that is there, and open it."""
+        out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        (out / OFFSETS).unlink(missing_ok=True)  # incomplete from here until the new offsets are in place
         offsets = array("q", [0])
         pos = 0
-        with open(corpus_jsonl, encoding="utf-8") as src, open(out / CONTENTS, "wb") as dst:
-            for lineno, line in enumerate(src, 1):
-                if not line.strip():
-                    continue
-                rec = _parse_line(line, corpus_jsonl, lineno)
+        with open(out / CONTENTS, "wb") as dst:
+            for rec in passages:
                 data = json.dumps(rec, ensure_ascii=False).encode("utf-8")
                 dst.write(data)
                 pos += len(data)
                 offsets.append(pos)
         if len(offsets) == 1:
-            raise ValueError(f"corpus {corpus_jsonl} holds no passages")
+            raise ValueError(f"corpus {source} holds no passages")
         tmp = out / (OFFSETS + ".tmp.npy")
         np.save(tmp, np.frombuffer(offsets, dtype=np.int64))
         os.replace(tmp, out / OFFSETS)
@@ -97,6 +104,14 @@ class CorpusStore:
         """Yield lists of passage texts in row order (for encoding and BM25), `batch` at a time."""
         for start in range(0, len(self), batch):
             yield [d["contents"] for d in self.get(list(range(start, min(start + batch, len(self)))))]
+
+
+def read_corpus(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number, `{"id", "contents"}`) for each non-blank line of a JSONL corpus; ValueError naming a bad line."""
+    with open(path, encoding="utf-8") as src:
+        for lineno, line in enumerate(src, 1):
+            if line.strip():
+                yield lineno, _parse_line(line, path, lineno)
 
 
 def _parse_line(line: str, path: str, lineno: int) -> dict:

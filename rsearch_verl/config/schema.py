@@ -14,8 +14,9 @@ from typing import Any
 from rsearch_verl.frozen import ConfigNode
 
 PLACEMENTS = ("colocate", "split")
-DATA_SOURCES = ("toy_world", "parquet")  # data.source; rsearch_verl/run_data.py loads each
+DATA_SOURCES = ("toy_world", "parquet")  # data.source; rsearch_verl/trainer/data_sources.py loads each
 SFT_SCHEDULES = ("linear", "constant")
+REPLAY_MISSES = ("error", "live")  # retriever.replay_miss
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Qwen2 / Llama names
@@ -207,8 +208,19 @@ class RetrieverConfig(ConfigNode):
     # asking replica_cpus CPUs (retrieval_server/replicas.py, docs/retriever.md "Scale-out on Ray Serve")
     replicas: int = 0
     replica_cpus: float = 1.0
+    # record / replay of search results (rsearch_verl/search/replay.py, docs/search_backends.md): `record` a SQLite
+    # store every rollout worker writes each new result to; `replay` a store answered from; a query it lacks is an
+    # error observation (replay_miss=error) or asked of the retriever (live, and recorded when `record` is set too)
+    record: str | None = None
+    replay: str | None = None
+    replay_miss: str = "error"  # error | live
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+
+    @property
+    def replay_only(self) -> bool:
+        """Every search is answered from the replay store: the run neither starts nor reaches a retriever."""
+        return self.replay is not None and self.replay_miss == "error"
 
 
 @dataclass
@@ -400,6 +412,12 @@ class TrainerConfig(ConfigNode):
     # workers keep rollout.max_concurrent_trajectories in flight and a step trains on the first whole groups that
     # finish within the staleness bound (docs/async_training.md)
     rollout_mode: str = "batch"
+    # streaming: where staleness is bounded (rsearch_verl/trainer/admission.py, docs/async_training.md). admission:
+    # a group starts only while the groups started and not yet trained fit in (max_staleness + 1) x train_batch_size,
+    # and a step trains the oldest finished groups, waiting for none (a long group may be trained more than
+    # max_staleness updates late; the off-policy correction weights it) | oldest_token: every admitted group's oldest
+    # token is at most max_staleness updates old; a step waits for due groups, older ones are dropped or aborted
+    staleness_rule: str = "admission"
     # streaming: while a step waits for a due group, the actor computes the reference and proximal log-probs of the
     # groups already finished, off the step's critical path: on | off | check (also recomputed in the step, and the
     # run fails if they differ by more than 1e-4 nats: for tests)

@@ -5,8 +5,8 @@ Every name the config accepts is checked against the list that declares it, with
 advantage estimators, KL kinds and schedules, loss aggregation modes (rsearch_verl/algos/, which config sits below);
 rollout engines, prompt variants, search protocols and rewards with their keyword arguments (rsearch_verl/choices.py
 on the bottom floor, which the registries of rsearch_verl/rollout/ and rsearch_verl/rewards/ check they implement,
-so config imports neither); data sources (the schema's `DATA_SOURCES`, which rsearch_verl/run_data.py loads).
-So a misspelt name fails when the config is loaded, not after the warm start and the Ray start-up.
+so config imports neither); data sources (the schema's `DATA_SOURCES`, which rsearch_verl/trainer/data_sources.py
+loads). So a misspelt name fails when the config is loaded, not after the warm start and the Ray start-up.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from rsearch_verl.choices import (
     ENGINES,
+    HYBRID_FAMILIES,
     MODEL_FAMILIES,
     PROMPT_VARIANTS,
     PROTOCOL_KWARGS,
@@ -27,7 +28,9 @@ from rsearch_verl.config.schema import (
     ATTN_IMPLEMENTATIONS,
     DATA_SOURCES,
     PLACEMENTS,
+    REPLAY_MISSES,
     SFT_SCHEDULES,
+    RetrieverConfig,
     RSearchConfig,
     SFTConfig,
     ToyWorldConfig,
@@ -35,6 +38,7 @@ from rsearch_verl.config.schema import (
     WarmStartConfig,
 )
 from rsearch_verl.frozen import ConfigError, freeze
+from rsearch_verl.plugins import check_import_path, is_import_path
 
 logger = logging.getLogger("rsearch_verl.config")
 
@@ -91,7 +95,13 @@ def _validate_names(cfg: RSearchConfig) -> None:
     """The names of data, engine, placement, device and dtype; then the protocol's and the reward's (with their
     keyword arguments), each against the list that declares it."""
     _one_of(cfg.data.source, DATA_SOURCES, "data.source")
-    _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
+    if is_import_path(cfg.rollout.engine):  # a plug-in engine (rsearch_verl/plugins.py)
+        try:
+            check_import_path(cfg.rollout.engine, "rollout.engine")
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+    else:
+        _one_of(cfg.rollout.engine, ENGINES, "rollout.engine")
     _one_of(cfg.rollout.prompt_variant, PROMPT_VARIANTS, "rollout.prompt_variant")
     _one_of(cfg.trainer.placement, PLACEMENTS, "trainer.placement")
     _one_of(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
@@ -242,6 +252,7 @@ def _validate_async(cfg: RSearchConfig) -> None:
         )
     _one_of(tr.rollout_mode, ("batch", "streaming"), "trainer.rollout_mode")
     _one_of(tr.prefetch_log_probs, ("on", "off", "check"), "trainer.prefetch_log_probs")
+    _one_of(tr.staleness_rule, ("admission", "oldest_token"), "trainer.staleness_rule")
     if tr.rollout_mode == "streaming":
         _check(
             tr.max_staleness >= 1 and tr.mid_trajectory_update == "continue",
@@ -258,6 +269,7 @@ def _validate_health(cfg: RSearchConfig) -> None:
     brk, sup, wd = cfg.retriever.breaker, cfg.retriever.supervisor, cfg.trainer.watchdog
     _check(cfg.retriever.replicas >= 0, "retriever.replicas", "must be >= 0 (0 = one server process)")
     _check(cfg.retriever.replica_cpus > 0, "retriever.replica_cpus", "must be > 0")
+    _validate_record_replay(cfg.retriever)
     _check(brk.window >= 1, "retriever.breaker.window", "must be >= 1")
     _check(1 <= brk.min_calls <= brk.window, "retriever.breaker.min_calls", "must be in [1, retriever.breaker.window]")
     _check(0 < brk.failure_rate <= 1, "retriever.breaker.failure_rate", "must be in (0, 1]")
@@ -279,6 +291,19 @@ def _validate_health(cfg: RSearchConfig) -> None:
     _check(wd.length_blowup > 1, "trainer.watchdog.length_blowup", "must be > 1")
 
 
+def _validate_record_replay(r: RetrieverConfig) -> None:
+    _one_of(r.replay_miss, REPLAY_MISSES, "retriever.replay_miss")
+    for key in ("record", "replay"):
+        path = getattr(r, key)
+        _check(path is None or (isinstance(path, str) and path.strip() != ""), f"retriever.{key}", "must be a path")
+    _check(
+        not (r.record and r.replay_only),
+        "retriever.record",
+        "records nothing with retriever.replay and retriever.replay_miss=error (no search reaches the retriever): "
+        "set retriever.replay_miss=live to record what the replay store lacks",
+    )
+
+
 def _validate_lora_and_packing(cfg: RSearchConfig) -> None:
     m = cfg.model
     _check(m.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = no LoRA)")
@@ -292,6 +317,14 @@ def _validate_lora_and_packing(cfg: RSearchConfig) -> None:
     longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
     for role in ("actor", "critic"):
         sub = getattr(cfg, role)
+        # a packed row's Gated DeltaNet layers would carry one sequence's recurrent / conv state into the next:
+        # transformers' torch path ignores the boundaries (tests/workers/test_workers_hybrid.py measures it)
+        _check(
+            not (sub.use_remove_padding and cfg.model.family in HYBRID_FAMILIES),
+            f"{role}.use_remove_padding",
+            f"model.family={cfg.model.family} is a hybrid (linear-attention layers with a recurrent state): packed "
+            "sequences would leak state into each other; set it false (padded micro-batches)",
+        )
         if sub.use_dynamic_bsz:
             _check(
                 sub.ppo_max_token_len_per_gpu >= longest,

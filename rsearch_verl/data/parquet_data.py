@@ -1,25 +1,14 @@
-"""The record of a run's data (`RunData`: the prompts it trains and validates on, the corpus its own retrieval server
-serves) and the real-data loader, `data.source=parquet` (the rows written by rsearch_verl/data/prepare.py). The toy
-world's loader is rsearch_verl/toy/run_data.py; rsearch_verl/run_data.py picks one by `data.source`.
+"""Real data as a run's data (`data.source=parquet`): the rows rsearch_verl/data/prepare.py wrote, prompts already
+rendered.
 
-    data = parquet_data(cfg, protocol)   # -> RunData(train_rows, val_rows, corpus, index_dir, tokenizer_path)
+    data = parquet_data(cfg, protocol)   # -> rsearch_verl.run_data.RunData
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rollout.protocols import SearchProtocol
-
-
-@dataclasses.dataclass
-class RunData:
-    train_rows: list[dict]
-    val_rows: list[dict]
-    corpus: str | None  # the corpus the recipe's own retriever serves (None: an external retriever)
-    index_dir: str | None
-    tokenizer_path: str | None = None  # the toy world's own small tokenizer
+from rsearch_verl.run_data import RunData
 
 
 def parquet_data(cfg: RSearchConfig, proto: SearchProtocol) -> RunData:

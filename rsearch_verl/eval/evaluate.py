@@ -32,7 +32,7 @@ from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.eval.protocol_card import format_card, run_settings
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
-from rsearch_verl.toy.run_data import toy_world_data
+from rsearch_verl.toy.world_data import toy_world_data
 
 logger = logging.getLogger(__name__)
 

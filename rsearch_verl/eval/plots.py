@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from rsearch_verl.trainer.logging import read_metrics
+from rsearch_verl.trainer.metrics_log import read_metrics
 
 logger = logging.getLogger(__name__)
 

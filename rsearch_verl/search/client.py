@@ -3,6 +3,7 @@
     client = SearchClient(cfg.retriever)                      # local source at cfg.retriever.url
     docs = await client(["who wrote hamlet"], topk=3)         # -> [[Doc, Doc, Doc]]
     docs = await client(["llm agents"], 2, source="arxiv")    # any source registered by name
+    pages = await client.documents(["doc7"], page=0)          # -> [DocumentPage]: page 0 of the whole document
     client.metrics()  # {"search/calls": ..., "search/latency_p50": ..., ...}
     await client.aclose()
 
@@ -15,6 +16,8 @@ A final failure raises `SearchError`; protocols turn it into an error observatio
 HTTP 401 / 403 raises `SearchAuthError` instead (not a `SearchError`, so no protocol turns it into an observation and
 the circuit breaker does not wait it out): a missing or wrong credential fails every search alike, so the rollout fails
 and the driver stops the run naming the variable (`RETRIEVER_TOKEN`, `SERPER_API_KEY`).
+With `retriever.record` / `retriever.replay` (rsearch_verl/search/replay.py) a search the cache lacks is looked up in
+the replay store first; a miss raises `SearchError("replay_miss")` or goes live, and what goes live is recorded.
 """
 
 from __future__ import annotations
@@ -25,17 +28,21 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 import numpy as np
 
 from rsearch_verl.config.schema import RetrieverConfig
 from rsearch_verl.search.cache import SearchCache
+from rsearch_verl.search.replay import NO_INDEX, RecordReplay
 from rsearch_verl.search.sources import ArxivSource, LocalSource, SerperSource, Source, SourceResponseError
-from rsearch_verl.search.types import Doc
+from rsearch_verl.search.types import Doc, DocumentPage
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SearchError(RuntimeError):
@@ -141,12 +148,15 @@ class SearchClient:
         self.max_batch = max_batch
         self.backoff_s = backoff_s
         self.cache = SearchCache(cache_size) if cfg.cache else None
+        # retriever.record / retriever.replay (rsearch_verl/search/replay.py); None when neither is set
+        self.record_replay = RecordReplay(cfg) if cfg.record or cfg.replay else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._latencies: deque[float] = deque(maxlen=10_000)
         self._counts = {"calls": 0, "queries": 0, "requests": 0, "errors": 0, "retries": 0, "cache_hits": 0}
+        self._doc_counts = {"calls": 0, "requests": 0, "errors": 0, "retries": 0}  # documents(): its own counters
 
     # ---- public API -------------------------------------------------------------------------------------------
     async def __call__(self, queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
@@ -154,7 +164,8 @@ class SearchClient:
             raise ValueError(f"topk must be >= 1, got {topk}")
         self._counts["calls"] += 1
         self._counts["queries"] += len(queries)
-        if source not in self.sources:
+        rr = self.record_replay
+        if source not in self.sources and (rr is None or rr.replay is None):  # a replay store may know the source
             self._counts["errors"] += 1
             raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
         self._bind_loop()
@@ -169,8 +180,10 @@ class SearchClient:
             else:
                 todo.append(i)
         try:
+            if todo and rr is not None and rr.replay is not None:
+                todo = self._replayed(source, topk, queries, todo, results)
             if todo:
-                fetched = await self._fetch(source, [queries[i] for i in todo], topk)
+                fetched = await self._fetch_live(source, [queries[i] for i in todo], topk)
                 for i, docs in zip(todo, fetched, strict=True):
                     results[i] = docs
                     if self.cache is not None:
@@ -183,15 +196,52 @@ class SearchClient:
         return results  # type: ignore[return-value]
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """Counters (calls, queries, HTTP requests, errors, retries, cache hits) and call latency percentiles in
-        seconds over the last 10k calls; `reset=True` starts a new window (per-step logging)."""
+        """Counters (calls, queries, HTTP requests, errors, retries, cache hits; with record / replay also replay
+        hits and misses, entries recorded and in the store) and call latency percentiles in seconds over the last 10k
+        calls; `reset=True` starts a new window (per-step logging)."""
         out = {f"search/{k}": float(v) for k, v in self._counts.items()}
+        if self.record_replay is not None:
+            out.update(self.record_replay.metrics(reset))
         lat = np.asarray(self._latencies, dtype=float)
         out["search/latency_p50"] = float(np.percentile(lat, 50)) if lat.size else 0.0
         out["search/latency_p99"] = float(np.percentile(lat, 99)) if lat.size else 0.0
         if reset:
             self._counts = dict.fromkeys(self._counts, 0)
             self._latencies.clear()
+        return out
+
+    async def documents(self, ids: list[str], page: int = 0, source: str = "local") -> list[DocumentPage]:
+        """Page `page` (0-based) of each whole document in `ids`, in order (POST /documents of our retrieval server;
+        page size: its --page-tokens). Same timeout, bounded retries (timeouts, connection errors, 5xx / 429) and
+        errors as a search: SearchError `http_404` for an unknown id, `http_422` for a page past a document's end or
+        a request the server refuses, `timeout` / `connection` / `http_5xx` once the retries are spent, `config` for
+        a source without documents; SearchAuthError on 401 / 403. Not cached and not coalesced."""
+        if not ids or page < 0:
+            raise ValueError(f"documents() needs at least one id and a page >= 0, got {len(ids)} ids, page {page}")
+        self._doc_counts["calls"] += 1
+        if source not in self.sources:
+            self._doc_counts["errors"] += 1
+            raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
+        src = self.sources[source]
+        self._bind_loop()
+
+        def call() -> Awaitable[list[DocumentPage]]:
+            return src.documents(self._http, list(ids), int(page), self.cfg.timeout_s)
+
+        try:
+            return await self._with_retries(src, call, self._doc_counts, "documents")
+        except NotImplementedError as exc:
+            self._doc_counts["errors"] += 1
+            raise SearchError("config", str(exc)) from exc
+        except SearchError:
+            self._doc_counts["errors"] += 1
+            raise
+
+    def document_metrics(self, reset: bool = False) -> dict[str, float]:
+        """`documents()`'s counters (calls, HTTP requests, errors, retries), kept apart from the searches' metrics."""
+        out = {f"documents/{k}": float(v) for k, v in self._doc_counts.items()}
+        if reset:
+            self._doc_counts = dict.fromkeys(self._doc_counts, 0)
         return out
 
     async def healthy(self, source: str = "local") -> bool:
@@ -207,6 +257,54 @@ class SearchClient:
             await http.aclose()
 
     # ---- internals --------------------------------------------------------------------------------------------
+    def _replayed(
+        self, source: str, topk: int, queries: list[str], todo: list[int], results: list[list[Doc] | None]
+    ) -> list[int]:
+        """Fill `results` from the replay store; return the indices it lacks. With retriever.replay_miss=error a
+        miss raises SearchError("replay_miss") (an error observation, like any failed search)."""
+        rr = self.record_replay
+        found = rr.lookup(source, topk, [queries[i] for i in todo])
+        missing = []
+        for i, docs in zip(todo, found, strict=True):
+            if docs is None:
+                missing.append(i)
+                continue
+            results[i] = docs
+            if self.cache is not None:
+                self.cache.put((source, topk, queries[i]), docs)
+        if missing and not rr.live_misses:
+            raise SearchError(
+                "replay_miss",
+                f"{len(missing)} of {len(queries)} queries (topk={topk}, source={source}) are not in {rr.where} "
+                "(retriever.replay_miss=error)",
+            )
+        return missing
+
+    async def _fetch_live(self, source: str, queries: list[str], topk: int) -> list[list[Doc]]:
+        """`_fetch` from the real source; with record / replay pinned to its index first, and recorded after."""
+        if source not in self.sources:
+            raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
+        rr = self.record_replay
+        if rr is None:
+            return await self._fetch(source, queries, topk)
+        await rr.ensure_pinned(self._index_fingerprint)
+        fetched = await self._fetch(source, queries, topk)
+        await rr.record(source, topk, queries, fetched)
+        return fetched
+
+    async def _index_fingerprint(self) -> str:
+        """The local retriever's index fingerprint (GET /health), what a record / replay store is pinned to."""
+        src = self.sources.get("local")
+        if src is None:
+            return NO_INDEX
+        try:
+            async with self._sem:
+                return await src.fingerprint(self._http, self.cfg.timeout_s) or NO_INDEX
+        except (httpx.HTTPError, SourceResponseError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in AUTH_STATUSES:
+                raise auth_error(src, exc.response.status_code, exc.response.text) from exc
+            raise _classify(exc)[0] from exc
+
     def _bind_loop(self) -> None:
         # asyncio primitives and the httpx pool belong to one event loop; a new loop (e.g. a fresh asyncio.run per
         # rollout batch) gets fresh ones instead of "attached to a different loop" errors.
@@ -269,23 +367,35 @@ class SearchClient:
                 raise
 
     async def _request(self, src: Source, queries: list[str], topk: int) -> list[list[Doc]]:
-        """One logical request with bounded retries and exponential backoff; raises SearchError at the end."""
+        """One logical search request with bounded retries and exponential backoff; raises SearchError at the end."""
+
+        def call() -> Awaitable[list[list[Doc]]]:
+            return src.search(self._http, queries, topk, self.cfg.timeout_s)
+
+        return await self._with_retries(src, call, self._counts, "search")
+
+    async def _with_retries(
+        self, src: Source, call: Callable[[], Awaitable[T]], counts: dict[str, int], what: str
+    ) -> T:
+        """`call()` (one HTTP request to `src`) under the concurrency bound, retried with exponential backoff on
+        timeouts, connection errors and 5xx / 429 up to `cfg.max_retries` times; `counts` gets its requests and
+        retries. Raises SearchError when it fails for good, SearchAuthError on 401 / 403."""
         assert self._http is not None and self._sem is not None
         attempt = 0
         while True:
             try:
                 async with self._sem:
-                    self._counts["requests"] += 1
-                    return await src.search(self._http, queries, topk, self.cfg.timeout_s)
+                    counts["requests"] += 1
+                    return await call()
             except (httpx.HTTPError, SourceResponseError) as exc:
                 if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in AUTH_STATUSES:
                     # every retry and every other search would meet the same answer: stop, do not observe it
                     raise auth_error(src, exc.response.status_code, exc.response.text) from exc
                 err, retryable = _classify(exc)
                 if not retryable or attempt >= self.cfg.max_retries:
-                    logger.warning("search on %s failed after %d attempt(s): %s", src.name, attempt + 1, err)
+                    logger.warning("%s on %s failed after %d attempt(s): %s", what, src.name, attempt + 1, err)
                     raise err from exc
                 attempt += 1
-                self._counts["retries"] += 1
+                counts["retries"] += 1
                 # exponential backoff with jitter so many trajectories retrying together do not stampede the server
                 await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))

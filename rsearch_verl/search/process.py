@@ -1,6 +1,8 @@
 """The process-wide search: one `SearchClient` and the `CircuitBreaker` in front of it per retriever config, shared by
 every batch a rollout worker (or the driver's validation) generates, so the result cache, the connection pool, the
-breaker's failure window and the search metrics span batches.
+breaker's failure window and the search metrics span batches. With `retriever.record` / `retriever.replay` the
+client holds this process's connections to the SQLite store (rsearch_verl/search/replay.py), opened in the process
+that uses them (each Ray worker its own).
 
     client = process_search_client(cfg.retriever)     # await client(queries, topk, source)
     breaker = process_breaker(cfg.retriever)           # await breaker(queries, topk, source): holds during an outage

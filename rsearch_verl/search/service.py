@@ -11,6 +11,8 @@ server and the search clients read it there) and forwarded to the worker actors 
 
 When `retriever.url` is set the driver uses that external server instead (checked with a bounded health probe: a
 clear error before any step when it does not answer) and starts nothing.
+With `retriever.replay` and `retriever.replay_miss=error` (every search answered from the replay store) it starts and
+reaches nothing and yields None (`needed` is False); the session then runs without a supervisor.
 
 Usage:
     with RetrieverService(cfg.retriever, corpus_path, index_dir) as url:
@@ -121,12 +123,19 @@ class RetrieverService:
         self.url: str | None = None
         self._log_file = None
         self._env_before: str | None = None
+        # replay-only (retriever.replay, replay_miss=error): every search is answered from the store, so there is
+        # nothing to start, reach or watch; __enter__ returns None and the run's retriever.url stays as configured
+        self.needed = not cfg.replay_only
         # decided now: once the own server is up, the session derives the run's config with its URL (RunContext)
-        self.owned = not cfg.url  # True: this service starts the server (and may restart it)
-        if cfg.replicas and not self.owned:
+        self.owned = not cfg.url and self.needed  # True: this service starts the server (and may restart it)
+        if cfg.replicas and cfg.url:
             logger.warning("retriever.replicas=%d is ignored: retriever.url points at an external server", cfg.replicas)
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> str | None:
+        if not self.needed:
+            logger.info("replaying searches from retriever.replay=%s: no retrieval server is started or reached",
+                        self.cfg.replay)  # fmt: skip
+            return None
         if not self.owned:
             self.url = self.cfg.url.rstrip("/")
             try:

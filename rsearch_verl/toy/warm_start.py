@@ -57,8 +57,8 @@ from rsearch_verl.run_context import RunContext
 from rsearch_verl.sft import EpochCheckpoint, load_policy, save_hf, train_sft
 from rsearch_verl.toy.demos import NOTE_FORM, demonstrations, practice_search, practice_sides
 from rsearch_verl.toy.fold_demos import fold_demos
-from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.world import build_toy_world, world_fields
+from rsearch_verl.toy.world_data import toy_world_data
 from rsearch_verl.workers.fsdp import cast_floating
 
 logger = logging.getLogger(__name__)

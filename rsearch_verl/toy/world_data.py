@@ -2,7 +2,7 @@
 (rsearch_verl/toy/world.py), renders its questions with the run's protocol and, for the tiny policy, trains the world's
 tokenizer (rsearch_verl/toy/tokenizer.py).
 
-    data = toy_world_data(cfg, protocol)   # -> rsearch_verl.data.run_data.RunData
+    data = toy_world_data(cfg, protocol)   # -> rsearch_verl.run_data.RunData
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import json
 import os
 
 from rsearch_verl.config import RSearchConfig
-from rsearch_verl.data.run_data import RunData
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.run_data import RunData
 from rsearch_verl.toy.tokenizer import toy_tokenizer
 from rsearch_verl.toy.world import build_toy_world
 

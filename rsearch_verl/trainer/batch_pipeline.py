@@ -1,5 +1,6 @@
-"""Where each step's batch comes from: generated just in time, or ahead of the actor by up to `trainer.max_staleness`
-steps (cross-step asynchronous training, docs/async_training.md).
+"""Batch-mode rollouts (`trainer.rollout_mode=batch`; streaming is trainer/stream_pipeline.py): where each step's batch
+comes from: generated just in time, or ahead of the actor by up to `trainer.max_staleness` steps (cross-step
+asynchronous training, docs/async_training.md).
 
 With `max_staleness` = k the batch of step t is submitted to the split rollout workers as soon as the weights of
 step t-1-k are out, and generated while the actor trains steps t-k .. t-1. A rollout worker starts it only once its
@@ -11,7 +12,7 @@ The pipeline also owns "which prompts are used up": a checkpoint stores the load
 not yet trained (`resume_state`), so batches generated ahead but never trained are generated again after a resume,
 and none is trained twice.
 
-    pipeline = RolloutPipeline(workers.rollout, loader, cfg, seed_for_step)
+    pipeline = BatchPipeline(workers.rollout, loader, cfg, seed_for_step)
     batch = pipeline.take(step)                     # waits for step's batch; the next ones are already running
     ... train on batch, push weights of `step` ...
     pipeline.applied()                              # step's update is in: its prompts are used up
@@ -37,7 +38,7 @@ class _Ahead:
     pending: PendingGeneration
 
 
-class RolloutPipeline:
+class BatchPipeline:
     def __init__(
         self, rollout: GenerationGroup, loader: PromptLoader, cfg: RSearchConfig, seed_for: Callable[[int], int]
     ):

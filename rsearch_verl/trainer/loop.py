@@ -34,12 +34,12 @@ from rsearch_verl.rollout.dump import write_rollout_dump
 from rsearch_verl.rollout.protocols import SearchProtocol
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer import phases
+from rsearch_verl.trainer.batch_pipeline import BatchPipeline
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.report import RunHealth
-from rsearch_verl.trainer.logging import MetricsLogger
+from rsearch_verl.trainer.metrics_log import MetricsLogger
 from rsearch_verl.trainer.prefetch import PREFETCHED_OLD, PREFETCHED_REF, LogProbPrefetch, fill_log_probs
-from rsearch_verl.trainer.rollout_pipeline import RolloutPipeline
 from rsearch_verl.trainer.run_control import Continue, RollbackTo, RunControl, Stop
 from rsearch_verl.trainer.stream_pipeline import StreamingPipeline
 from rsearch_verl.workers.metrics import reduce_metrics
@@ -105,7 +105,7 @@ class Trainer:
                 prefetch = LogProbPrefetch(self._prefetch_compute, with_ref=cfg.use_ref, world_size=cfg.world_size)
             self.rollouts = StreamingPipeline(workers.rollout, self.loader, cfg, self._sampling_seed, prefetch)
         else:
-            self.rollouts = RolloutPipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
+            self.rollouts = BatchPipeline(workers.rollout, self.loader, cfg, self._sampling_seed)
         self.val_data = val_data
         self.ckpts = CheckpointManager(run_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
         self.metrics = MetricsLogger(
@@ -149,7 +149,8 @@ class Trainer:
                 batch = rec.phase("values", self._values, batch)
             # 7. KL-in-reward and advantages (driver, pure tensor functions, mask-aware)
             batch = rec.phase("adv", phases.advantage_phase, batch, cfg, step)
-            # 8. critic and actor updates
+            # 8. critic and actor updates, on ids checked once more against the engine's record (rollout/round_trip.py)
+            batch = rec.phase(None, phases.round_trip_phase, batch)
             batch = rec.phase(None, self._update, batch)
             # 9. push the new weights into the rollout engines (split: between two decode steps of the next batch)
             batch = rec.phase("sync", self._sync, batch, step)

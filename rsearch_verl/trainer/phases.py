@@ -28,6 +28,7 @@ from rsearch_verl.config import RSearchConfig
 from rsearch_verl.rewards import RewardInput, compute_rewards
 from rsearch_verl.rewards.qa import exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol
+from rsearch_verl.rollout.round_trip import check_batch_records
 
 
 def reward_inputs(batch: DataProto, rows: np.ndarray | None = None) -> list[RewardInput]:
@@ -75,7 +76,8 @@ def reward_phase(batch: DataProto, cfg: RSearchConfig, protocol: SearchProtocol)
 
 
 def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[DataProto, dict[str, float]]:
-    """KL penalty in the reward (when enabled, β from its schedule), then the recipe's advantage estimator."""
+    """KL penalty in the reward (when enabled, β from its schedule), then the recipe's advantage estimator. A folded
+    trajectory's advantages are those of its rows unfolded into one sequence: the outcome once, every row's KL."""
     metrics: dict[str, float] = {}
     tensors = batch.batch
     loss_mask = tensors["loss_mask"]
@@ -94,18 +96,21 @@ def advantage_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[Da
         metrics["actor/kl_coef"] = beta
     else:
         tensors["token_level_rewards"] = tensors["token_level_scores"]
+    last = batch_keys.last_rows(batch.non_tensor_batch)
+    # a folded trajectory's rows are one sequence: its outcome counts once (last row), its KL penalty on every row
+    once = tensors["token_level_rewards"] - tensors["token_level_scores"] * torch.as_tensor(~last).unsqueeze(-1)
     advantages, returns = compute_advantage(
         cfg.algorithm.adv_estimator,
-        token_level_rewards=tensors["token_level_rewards"],
+        token_level_rewards=once,
         response_mask=loss_mask,
         index=batch.non_tensor_batch["uid"],
         values=tensors["values"] if cfg.use_critic else None,
         gamma=cfg.algorithm.gamma,
         lam=cfg.algorithm.lam,
         norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-        # folded trajectories: their rows share the trajectory's outcome and advantage
+        # folded trajectories: the estimator runs on them unfolded (rows laid end to end)
         trajectory=batch_keys.rows_of_trajectories(batch.non_tensor_batch),
-        last=batch_keys.last_rows(batch.non_tensor_batch),
+        last=last,
     )
     tensors["advantages"], tensors["returns"] = advantages, returns
     valid = loss_mask.bool()
@@ -241,6 +246,14 @@ def off_policy_phase(batch: DataProto, cfg: RSearchConfig) -> tuple[DataProto, d
     return batch, metrics
 
 
+def round_trip_phase(batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+    """Writes nothing: the rows the rollout's round-trip check sampled carry the engine's record of what it was handed
+    and what it sampled (rsearch_verl/rollout/round_trip.py); they are checked again here, on the tensors the update
+    reads, after every join, trim and padding since the rollout (raises RoundTripError). Nothing without the check."""
+    rows, tokens = check_batch_records(batch)
+    return batch, ({"round_trip/update_rows": float(rows), "round_trip/update_tokens": float(tokens)} if rows else {})
+
+
 def logprob_check_phase(batch: DataProto, step: int) -> tuple[DataProto, dict[str, float]]:
     """Writes nothing: the weight sync's log-prob gap and the sampled policy's entropy estimate, from the old log-probs
     of step `step` (the actor holds the weights of version step-1)."""
@@ -273,19 +286,27 @@ def failed_search_rows(batch: DataProto, cfg: RSearchConfig) -> tuple[torch.Tens
     return drop, {"rollout/search_failed": float(failed.sum()), sig.DROPPED: float(drop.sum())}
 
 
-def stale_rows(batch: DataProto, step: int, max_staleness: int) -> tuple[torch.Tensor, dict[str, float]]:
+def age_bounded(cfg: RSearchConfig) -> bool:
+    """Whether the rollout bounds the age of what a step trains (all but streaming's `admission` rule)."""
+    return not (cfg.trainer.rollout_mode == "streaming" and cfg.trainer.staleness_rule == "admission")
+
+
+def stale_rows(batch: DataProto, step: int, max_staleness: int, bounded: bool = True):
     """Trajectories older than the staleness bound ([B] bool), and the `async/*` metrics.
 
     A trajectory's staleness is how many updates its oldest policy token is behind the weights step `step` trains
-    (version step-1). The rollout pipeline never hands out a batch beyond the bound, so the drop is a guard that
-    should stay 0 (`async/dropped_stale`). Partial rows: trajectories whose tokens came from more than one version."""
+    (version step-1). A pipeline that bounds the age of what it trains (batch mode; streaming with
+    trainer.staleness_rule=oldest_token) never hands out a batch beyond the bound, so the drop is a guard that should
+    stay 0 (`async/dropped_stale`); streaming's `admission` rule bounds where a group starts, not its age
+    (`bounded` False: nothing is dropped, the off-policy correction weights the old tokens). Partial rows:
+    trajectories whose tokens came from more than one version."""
     versions, mask = batch.batch["rollout_versions"], batch.batch["response_mask"].bool()
     big = torch.iinfo(versions.dtype).max
     oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(-1).values
     newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(-1).values
     has_tokens = mask.any(-1)
     staleness = torch.where(has_tokens, (step - 1) - oldest, torch.zeros_like(oldest))
-    stale = staleness > max_staleness
+    stale = staleness > max_staleness if bounded else torch.zeros_like(has_tokens)
     metrics = {"async/staleness_max": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean())}
     for k in range(max_staleness + 1):
         metrics[f"async/staleness_{k}_frac"] = float((staleness == k).float().mean())
@@ -314,7 +335,7 @@ def loss_mask_phase(batch: DataProto, cfg: RSearchConfig, step: int) -> tuple[Da
     (algorithm.mask_observations), and no token of a dropped row, one whose search failed because the retriever was
     down or, never by construction, one older than the staleness bound."""
     failed, failed_metrics = failed_search_rows(batch, cfg)
-    stale, stale_metrics = stale_rows(batch, step, cfg.trainer.max_staleness)
+    stale, stale_metrics = stale_rows(batch, step, cfg.trainer.max_staleness, age_bounded(cfg))
     dropped, uids = drop_rows(batch.non_tensor_batch["uid"], failed, stale)
     batch.non_tensor_batch["uid"] = uids  # a dropped row leaves its group
     batch.batch["loss_mask"] = batch_keys.loss_mask(batch.batch, cfg.algorithm.mask_observations, dropped)

@@ -11,6 +11,9 @@ checks take seconds and stop the run with exit code 3 and a message that names t
 - when that server requires a bearer token (its /health says `"auth": true`) `RETRIEVER_TOKEN` is set, and a set
   token is accepted (one unauthenticated-body POST /retrieve: the server checks the token before the body, so it
   costs no search);
+- `retriever.replay` names a record/replay store, `retriever.record` can be created, and neither is pinned to
+  another index than the one at `retriever.url` (rsearch_verl/search/replay.py); a replay-only run
+  (`retriever.replay_miss=error`) does not wait for, or need, any retriever;
 - a judge endpoint with an `api_key_env` that is not set gets a warning (local judges need no key), and so do the
   web / news tools of a multi-source protocol without `SERPER_API_KEY` (by design those answer error observations).
 
@@ -34,7 +37,10 @@ from urllib.parse import urlparse
 import httpx
 import ray
 
-from rsearch_verl.config import RSearchConfig
+from rsearch_verl.config import RetrieverConfig, RSearchConfig
+from rsearch_verl.search.replay import open_stores
+from rsearch_verl.search.sources.local import health_fingerprint
+from rsearch_verl.search.store import StoreError, StoreMismatchError, check_fingerprint
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.workers.pools import PlacementError
 
@@ -53,9 +59,12 @@ def preflight(cfg: RSearchConfig, run_dir: str) -> None:
     """Run every check for `cfg`; raise PreflightError at the first that fails."""
     start = time.monotonic()
     check_run_dir(run_dir)
-    if cfg.retriever.url:
+    info = None
+    if cfg.retriever.url and not cfg.retriever.replay_only:  # replay-only runs never reach the retriever
         info = wait_for_retriever(cfg.retriever.url, cfg.retriever.preflight_wait_s)
         check_retriever_token(cfg.retriever.url, info, cfg.retriever.token or os.environ.get("RETRIEVER_TOKEN"))
+    if cfg.retriever.record or cfg.retriever.replay:
+        check_record_replay(cfg.retriever, info)
     warn_missing_keys(cfg)
     logger.info("preflight passed in %.1f s", time.monotonic() - start)
 
@@ -143,6 +152,35 @@ def check_retriever_token(url: str, health: dict, token: str | None) -> None:
         )
 
 
+def check_record_replay(retriever: RetrieverConfig, health: dict | None) -> None:
+    """The replay store exists and opens, the record store can be created, and neither is pinned to another index
+    than the one at retriever.url (from its /health `health`; a replay-only run probes it once and goes on without it
+    when it does not answer). A recipe's own server is checked by the search clients, before their first live search.
+    """
+    try:
+        replay, record = open_stores(retriever)
+    except StoreError as exc:
+        raise PreflightError(f"retriever.record / retriever.replay: {exc}") from exc
+    if health is None and retriever.url and retriever.replay_only:
+        try:
+            resp = httpx.get(f"{retriever.url.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S)
+            health = _json_or_empty(resp) if resp.status_code == 200 else None
+        except httpx.HTTPError:
+            logger.info("replaying from retriever.replay=%s without the retriever at %s", retriever.replay,
+                        retriever.url)  # fmt: skip
+    try:
+        if health is not None:
+            live = health_fingerprint(health)
+            for store in {id(s): s for s in (replay, record) if s is not None}.values():
+                check_fingerprint(store.path, store.fingerprint, live)
+    except StoreMismatchError as exc:
+        raise PreflightError(f"retriever.replay / retriever.record: {exc}") from exc
+    finally:
+        for store in (replay, record):
+            if store is not None:
+                store.close()
+
+
 # ------------------------------------------------------------------------------------------------- hosts
 
 
@@ -172,6 +210,19 @@ def driver_paths(cfg: RSearchConfig) -> dict[str, str]:
     return {k: v for k, v in keys.items() if v and os.path.isabs(v) and os.path.exists(v)}
 
 
+def store_paths(cfg: RSearchConfig, n_hosts: int) -> dict[str, str]:
+    """The record / replay stores every host's rollout workers open (the preflight made them), by config key: on
+    several hosts they must be absolute paths on a filesystem every host mounts (HostError otherwise)."""
+    keys = {f"retriever.{k}": getattr(cfg.retriever, k) for k in ("record", "replay") if getattr(cfg.retriever, k)}
+    for key, path in keys.items():
+        if not os.path.isabs(path):
+            raise HostError(
+                f"{key}={path}: a cluster of {n_hosts} hosts needs an absolute path on a filesystem every host mounts "
+                "at the same path (every rollout worker opens the store; docs/search_backends.md)"
+            )
+    return keys
+
+
 def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
     """On a cluster of several hosts: fail fast (HostError) unless every other host sees trainer.run_dir, the config's
     local paths and the retrieval server -- a probe task on each host, before any worker starts. A loopback
@@ -181,7 +232,7 @@ def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
     others = [n for n in ray.nodes() if n.get("Alive") and n["NodeManagerAddress"] != here]
     if not others:
         return
-    url = cfg.retriever.url
+    url = None if cfg.retriever.replay_only else cfg.retriever.url  # replay-only runs never reach the retriever
     if url and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1"):
         raise HostError(
             f"retriever.url={url} is a loopback address, but the cluster has {len(others) + 1} hosts: workers on the "
@@ -196,7 +247,8 @@ def check_hosts(cfg: RSearchConfig, timeout_s: float = 60.0) -> None:
         )
     probe = ray.remote(num_cpus=0)(host_problems)
     ips = [n["NodeManagerAddress"] for n in others]
-    pending = [probe.options(resources={f"node:{ip}": 0.001}).remote(run_dir, driver_paths(cfg), url) for ip in ips]
+    paths = {**driver_paths(cfg), **store_paths(cfg, len(others) + 1)}
+    pending = [probe.options(resources={f"node:{ip}": 0.001}).remote(run_dir, paths, url) for ip in ips]
     problems = [
         f"host {ip}: {p}" for ip, found in zip(ips, ray.get(pending, timeout=timeout_s), strict=True) for p in found
     ]

@@ -1,5 +1,5 @@
 """Everything around the training loop for one run: the preflight (rsearch_verl/trainer/preflight.py: seconds, before
-anything expensive), the run directory, data (rsearch_verl/run_data.py), the tokenizer, the warm start, the
+anything expensive), the run directory, data (rsearch_verl/trainer/data_sources.py), the tokenizer, the warm start, the
 retrieval server, Ray, the worker groups, a progress bar and the final summary. What it resolves while starting goes
 into a RunContext (rsearch_verl/run_context.py), from which the run's config is derived. Cleans up what it started,
 even on errors. Secret env vars (rsearch_verl/secrets.py) reach the workers through Ray's runtime env.
@@ -30,10 +30,10 @@ from rsearch_verl.log_setup import quiet_expected_warnings
 from rsearch_verl.models import policy_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext, check_checkpoint_tokenizer
-from rsearch_verl.run_data import load_run_data
 from rsearch_verl.search.service import RetrieverService
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.secrets import worker_secrets
+from rsearch_verl.trainer.data_sources import load_run_data
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.preflight import check_hosts, preflight
 
@@ -142,7 +142,8 @@ class TrainingSession:
             self._stack.callback(ray.shutdown)
         check_hosts(cfg)  # a multi-host cluster: every host sees the run dir, the paths and the retriever
         workers = build_worker_groups(cfg)
-        supervisor = RetrieverSupervisor(self.retriever, cfg.retriever)
+        # replay-only: no retriever to watch (rsearch_verl/search/service.py)
+        supervisor = RetrieverSupervisor(self.retriever, cfg.retriever) if self.retriever.needed else None
         trainer = Trainer(cfg, self.run_dir, workers, train, val, tokenizer, self.protocol, supervisor=supervisor)
         try:
             history = trainer.fit(progress=_progress_bar(cfg.trainer.total_steps, self._stack))

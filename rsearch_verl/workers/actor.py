@@ -50,6 +50,7 @@ from rsearch_verl.workers.forward import (
     world_size,
 )
 from rsearch_verl.workers.generation import GenerationRunner
+from rsearch_verl.workers.generation_group import ROLLOUT_DISPATCH
 from rsearch_verl.workers.packing import micro_batches, restore_order
 from rsearch_verl.workers.varlen_attention import configure_attention
 from rsearch_verl.workers.weights_ref import WeightsRef
@@ -201,7 +202,7 @@ class ActorWorker(Worker):
         return {**mean_metrics(parts), **summed, sig.ACTOR_GRAD_NORM: grad_norm}
 
     # ------------------------------------------------------------------ rollout
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=ROLLOUT_DISPATCH)  # chunks joined by the driver (join_rows: folded rows differ in width)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.rollout is None:
             raise RuntimeError("generate_sequences: this actor has no rollout engine (trainer.placement=split)")

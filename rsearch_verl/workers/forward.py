@@ -27,19 +27,22 @@ from rsearch_verl.workers.logprobs import DEFAULT_CHUNK, chunked_log_probs
 from rsearch_verl.workers.packing import PackedRows
 
 
-def _model_inputs(data: DataProto, device: torch.device) -> dict[str, torch.Tensor]:
+def _model_inputs(data: DataProto, device: torch.device, trim: bool = True) -> dict[str, torch.Tensor]:
+    """The padded forward's inputs; `trim`: without the columns that are padding in every row (the prompts' left
+    padding). They change no output, and a lone left-padded row must not keep them: transformers zeroes padding before
+    a hybrid's linear-attention layers (Qwen3.5's Gated DeltaNet) only in batches of two or more rows, so a micro-batch
+    of one row would carry its pads into the recurrent state (tests/workers/test_workers_hybrid.py). Right padding
+    follows every real token (causality keeps it out); the response slices count from the end (unchanged)."""
     t = data.batch
-    return {
-        "input_ids": t["input_ids"].to(device),
-        "attention_mask": t["attention_mask"].to(device),
-        "position_ids": t["position_ids"].to(device),
-    }
+    used = t["attention_mask"].any(0).nonzero() if trim else []
+    first = int(used[0]) if len(used) else 0
+    return {key: t[key][:, first:].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
 
 
 def _packed(data: DataProto, device: torch.device) -> tuple[PackedRows, torch.Tensor, int]:
     """The micro-batch's real tokens as one row, and the packed indices of the positions that predict (or hold the
     state before) a response token: padded columns S-R-1 … S-2, as in the padded path's slice."""
-    inputs = _model_inputs(data, device)
+    inputs = _model_inputs(data, device, trim=False)  # packing drops every pad itself; indices are the batch's own
     packed = PackedRows.from_padded(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
     start = inputs["input_ids"].shape[1] - data.batch["responses"].shape[1] - 1
     return packed, packed.window(start, data.batch["responses"].shape[1]), start

@@ -1,6 +1,7 @@
 """Folded trajectories in the update (rsearch_verl/rollout/context.py makes them several rows): the rows of a trajectory
-share its outcome reward and advantage, a group estimator compares trajectories (never rows), token-mean loss weights
-do not change when a trajectory is split, and `fit_rows` pads rows for the workers with no-loss copies.
+share its outcome reward and advantage, a group estimator compares trajectories (never rows), every estimator gives a
+split trajectory the advantages it has unsplit (the outcome once, the in-reward KL penalty of every row), token-mean
+loss weights do not change when a trajectory is split, and `fit_rows` pads rows for the workers with no-loss copies.
 
 Run: .venv/bin/python -m pytest -q tests/algos/test_algos_folded.py
 """
@@ -12,11 +13,11 @@ import pytest
 import torch
 from verl import DataProto
 
-from rsearch_verl.algos.advantages import compute_advantage, scores_to_token_rewards
+from rsearch_verl.algos.advantages import ADVANTAGE_ESTIMATORS, compute_advantage, scores_to_token_rewards
 from rsearch_verl.algos.losses import agg_loss
 from rsearch_verl.batch import last_rows, rows_of_trajectories
 from rsearch_verl.config import load_config
-from rsearch_verl.trainer.phases import fit_rows
+from rsearch_verl.trainer.phases import advantage_phase, fit_rows
 
 
 def _split(mask_row: torch.Tensor, cuts: list[int]) -> list[torch.Tensor]:
@@ -59,9 +60,9 @@ def test_group_advantage_is_the_trajectorys(name, seed):
         name, token_level_rewards=scores_to_token_rewards(scores, masks), response_mask=masks,
         index=np.array(["g0", "g0", "g1", "g1"], dtype=object),
     )  # fmt: skip
+    once = scores_to_token_rewards(row_scores * torch.as_tensor(last), mask)  # the outcome on the last row only
     adv, _ = compute_advantage(
-        name, token_level_rewards=scores_to_token_rewards(row_scores, mask), response_mask=mask, index=uid,
-        trajectory=owner, last=last,
+        name, token_level_rewards=once, response_mask=mask, index=uid, trajectory=owner, last=last
     )  # fmt: skip
     per_traj = (whole * masks).sum(-1) / masks.sum(-1)
     for i, t in enumerate(owner):
@@ -128,3 +129,79 @@ def test_fit_rows_pads_with_no_loss_copies():
     plain = _rows_batch(n_traj, [True] * n_traj)
     same, none = fit_rows(plain, cfg)
     assert same is plain and none == {} and "mini_batches" not in same.meta_info
+
+
+CUTS = {0: [], 1: [3, 6], 2: [5], 3: []}  # `_folded_batch`'s: trajectory 1 in 3 rows, trajectory 2 in 2
+
+
+def _fold(whole: torch.Tensor) -> torch.Tensor:
+    """Per-trajectory [4, R] values cut into `_folded_batch`'s rows (each piece at the front of its row)."""
+    return torch.stack([piece for t in range(4) for piece in _split(whole[t], CUTS[t])])
+
+
+def _kl_inputs(seed: int, masks: torch.Tensor):
+    gen = torch.Generator().manual_seed(100 + seed)
+    old, ref, values = (torch.randn(masks.shape, generator=gen) for _ in range(3))
+    return old, ref, values
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_estimator_sees_the_trajectory_unfolded(name, seed):
+    """Per-token rewards (a KL penalty) on every policy token: each row's advantages and returns are its piece of the
+    unsplit trajectory's, for token-level estimators (GAE's value chain and returns cross the folds) too."""
+    masks, scores, mask, _, owner, last, uid = _folded_batch(seed)
+    uid[:] = "g"  # one group of 4: GRPO's advantages in a group of 2 are +-0.71 whatever the scores
+    _, _, values = _kl_inputs(seed, masks)
+    penalty = 0.3 * torch.randn(masks.shape, generator=torch.Generator().manual_seed(seed)) * masks
+    rewards = scores_to_token_rewards(scores, masks) - penalty
+    kw = {"values": values, "gamma": 0.9, "lam": 0.8} if name == "gae" else {"gamma": 0.95}
+    index = np.array(["g"] * 4, dtype=object)
+    whole = compute_advantage(name, token_level_rewards=rewards, response_mask=masks, index=index, **kw)
+    kw["values"] = _fold(values) if name == "gae" else None
+    split = compute_advantage(
+        name, token_level_rewards=_fold(rewards), response_mask=mask, index=uid, trajectory=owner, last=last, **kw
+    )
+    for ours, theirs in zip(split, whole, strict=True):
+        assert torch.allclose(ours, _fold(theirs), atol=1e-5)
+
+
+def _phase_batch(mask, scores, old, ref, values, non_tensors) -> DataProto:
+    tensors = {"loss_mask": mask.long(), "token_level_scores": scores_to_token_rewards(scores, mask)}
+    tensors.update(old_log_probs=old, ref_log_prob=ref, values=values)
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+@pytest.mark.parametrize("recipe", ["search_r1_grpo", "search_r1_drgrpo", "search_r1_ppo", "r1_searcher_rpp"])
+def test_kl_in_reward_counts_every_row_of_a_folded_trajectory(recipe):
+    """advantage_phase with the in-reward KL penalty: a trajectory split into 2-3 rows (the outcome on every row, as
+    reward_phase writes it) gets the advantages of the same trajectory unsplit."""
+    over = ["algorithm.use_kl_in_reward=true", "algorithm.kl_coef=0.5", "algorithm.kl_coef_end=0.5"]
+    cfg = load_config([f"+recipe={recipe}", *over])
+    masks, scores, mask, row_scores, owner, last, uid = _folded_batch(5)
+    uid[:] = "g"  # one group of 4 (see above)
+    old, ref, values = _kl_inputs(5, masks)
+    plain = {"uid": np.array(["g"] * 4, dtype=object)}
+    whole, _ = advantage_phase(_phase_batch(masks, scores, old, ref, values, plain), cfg, 0)
+    folded = {"uid": uid, "traj_id": np.array(owner, dtype=object), "last_segment": np.array(last, dtype=object)}
+    rows = _phase_batch(mask, row_scores, _fold(old), _fold(ref), _fold(values), folded)
+    split, _ = advantage_phase(rows, cfg, 0)
+    for key in ("advantages", "returns"):
+        assert torch.allclose(split.batch[key], _fold(whole.batch[key]), atol=1e-5), key
+    assert torch.equal(split.batch["token_level_scores"], rows.batch["token_level_scores"])  # the phase's inputs stay
+
+
+def test_the_kl_of_an_earlier_row_changes_the_group_score():
+    """The previous behaviour (a group estimator read the last row only, so only its KL entered the score) fails here:
+    a KL penalty on the first of two rows alone must lower that trajectory's advantage."""
+    mask = torch.ones(3, 4)
+    rewards = scores_to_token_rewards(torch.tensor([0.0, 0.0, 1.0]), mask)  # the outcome on the last rows
+    kl = torch.zeros(3, 4)
+    kl[1] = 0.25  # trajectory 1's first row: 4 tokens of penalty 0.25 -> its score is 1 - 1 = 0, not 1
+    kw = {"response_mask": mask, "index": np.array(["g"] * 3, dtype=object), "trajectory": np.array([0, 1, 1])}
+    kw["last"] = np.array([True, False, True])
+    adv, _ = compute_advantage("rloo", token_level_rewards=rewards - kl, **kw)
+    # scores 0 (trajectory 0) and 0 (trajectory 1): RLOO advantage 0 everywhere; the last row alone would say +1 / -1
+    assert torch.allclose(adv, torch.zeros(3, 4), atol=1e-6)
+    adv, _ = compute_advantage("rloo", token_level_rewards=rewards, **kw)
+    assert torch.allclose(adv, torch.tensor([-1.0, 1.0, 1.0]).unsqueeze(-1).expand(3, 4))

@@ -193,7 +193,7 @@ def test_registries_implement_the_names_the_config_accepts():
     from rsearch_verl.config import DATA_SOURCES
     from rsearch_verl.rewards import REWARDS
     from rsearch_verl.rollout.protocols import get_protocol, protocol_class, protocol_names
-    from rsearch_verl.run_data import LOADERS
+    from rsearch_verl.trainer.data_sources import LOADERS
 
     assert tuple(LOADERS) == DATA_SOURCES and ENGINES == ("hf", "vllm") and PROMPT_VARIANTS == ("base", "instruct")
     nl_dag = load_config(["+recipe=r_search_dag_grpo", "rollout.protocol_kwargs.max_nodes=3"])

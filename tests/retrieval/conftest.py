@@ -7,6 +7,7 @@ through the real CLI (`python -m retrieval_server build`); `start_server(index, 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -50,9 +51,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_build(corpus: Path, encoder: str, out: Path) -> Path:
+def run_build(corpus: Path, encoder: str, out: Path, *flags: str) -> Path:
     cmd = [sys.executable, "-m", "retrieval_server", "build", "--corpus", str(corpus), "--encoder", encoder]
-    cmd += ["--index-type", "flat", "--out", str(out)]
+    cmd += ["--index-type", "flat", "--out", str(out), *flags]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"build failed:\n{proc.stdout}\n{proc.stderr}"
     assert (out / "manifest.json").exists()
@@ -140,3 +141,76 @@ def token_server(start_server, bm25_index) -> Server:
 def searchr1_server(start_server, minilm_index) -> Server:
     """The same MiniLM index served by the Search-R1-like baseline (rsearch_verl/testing/searchr1_server.py)."""
     return start_server(minilm_index, module="rsearch_verl.testing.searchr1_server")
+
+
+# ---- long documents (build --chunk-tokens, POST /documents): tests/retrieval/test_retrieval_documents*.py ----------
+CHUNK_TOKENS = 50
+PAGE_TOKENS = 100
+DOCS_TOKEN = "doc-token"
+_VOCAB = ["river", "stone", "market", "lantern", "harbor", "meadow", "copper", "orchard", "signal", "bridge"]
+_VOCAB += ["winter", "garden", "naïve", "café", "東京"]
+# planted phrases (unique in the corpus): (document, word position, phrase)
+PLANTED = [
+    ("atlas", 612, "quokka saffron lighthouse"),
+    ("borealis", 5, "zeppelin marmalade"),
+    ("wiki:Café Ünïcode", 200, "pangolin tessellation"),
+]
+
+
+def _long_text(seed: int, n_words: int, planted: list[tuple[int, str]]) -> str:
+    """`n_words` words with paragraph breaks, doubled spaces and a final newline (reassembled pages must keep them)."""
+    import random
+
+    rng = random.Random(seed)
+    words = [rng.choice(_VOCAB) for _ in range(n_words)]
+    for pos, phrase in planted:
+        words[pos : pos + len(phrase.split())] = phrase.split()
+    seps = ["\n\n" if i % 37 == 36 else "  " if i % 11 == 10 else " " for i in range(n_words)]
+    return "".join(w + s for w, s in zip(words, seps, strict=True)).rstrip() + "\n"
+
+
+def make_documents_corpus(path: Path) -> dict[str, str]:
+    """A few long documents (and a short one, a title-only one, ids with spaces, unicode and '#'); returns
+    {id: contents} in corpus order."""
+    sizes = {"atlas": 730, "borealis": 420, "wiki:Café Ünïcode": 260, "delta#7": 120, "short": 12}
+    docs = {}
+    for seed, (doc_id, n) in enumerate(sizes.items()):
+        planted = [(pos, phrase) for d, pos, phrase in PLANTED if d == doc_id]
+        docs[doc_id] = f'"{doc_id.title()}"\n' + _long_text(seed, n, planted)
+    docs["empty"] = '"Empty page"\n'
+    with path.open("w", encoding="utf-8") as fh:
+        for doc_id, contents in docs.items():
+            fh.write(json.dumps({"id": doc_id, "contents": contents}, ensure_ascii=False) + "\n")
+    return docs
+
+
+@pytest.fixture(scope="session")
+def documents_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    path = tmp_path_factory.mktemp("documents") / "documents.jsonl"
+    return path, make_documents_corpus(path)
+
+
+@pytest.fixture(scope="session")
+def chunked_index(documents_corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("idx") / "bm25_chunked"
+    return run_build(documents_corpus[0], "bm25", out, "--chunk-tokens", str(CHUNK_TOKENS))
+
+
+@pytest.fixture(scope="session")
+def unchunked_index(documents_corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_build(
+        documents_corpus[0], "bm25", tmp_path_factory.mktemp("idx") / "bm25_unchunked", "--chunk-tokens", "0"
+    )
+
+
+@pytest.fixture(scope="session")
+def chunked_server(start_server, chunked_index) -> Server:
+    """The chunked BM25 index, pages of PAGE_TOKENS words, at most 4 ids per /documents, bearer token DOCS_TOKEN."""
+    return start_server(
+        chunked_index, "--page-tokens", str(PAGE_TOKENS), "--max-document-ids", "4", "--token", DOCS_TOKEN
+    )
+
+
+@pytest.fixture(scope="session")
+def unchunked_server(start_server, unchunked_index) -> Server:
+    return start_server(unchunked_index, "--page-tokens", str(PAGE_TOKENS))

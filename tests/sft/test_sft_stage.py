@@ -15,8 +15,8 @@ from rsearch_verl.models import load_model, load_tokenizer
 from rsearch_verl.rollout.protocols import protocol_for
 from rsearch_verl.run_context import RunContext, check_checkpoint_tokenizer
 from rsearch_verl.sft import EpochCheckpoint, _collate, sft_loss, tokenize_demo, train_sft
-from rsearch_verl.toy.run_data import toy_world_data
 from rsearch_verl.toy.warm_start import SkillProbe, WarmStartError, read_report, toy_demos, warm_start
+from rsearch_verl.toy.world_data import toy_world_data
 
 SMALL = [
     "model.sft_checkpoint=null",

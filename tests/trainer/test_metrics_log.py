@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from rsearch_verl.trainer.logging import MetricsLogger, read_metrics, truncate_metrics
+from rsearch_verl.trainer.metrics_log import MetricsLogger, read_metrics, truncate_metrics
 
 
 def test_rows_and_truncation(tmp_path):

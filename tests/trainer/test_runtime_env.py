@@ -21,7 +21,7 @@ RUNTIME_ENV = ROOT / "launch" / "runtime_env.yaml"
 
 CODE = [
     "rsearch_verl/__init__.py",
-    "rsearch_verl/data/run_data.py",
+    "rsearch_verl/data/parquet_data.py",
     "rsearch_verl/trainer/checkpoint.py",
     "recipes/data/toy_world.yaml",
     "launch/runtime_env.yaml",
@@ -75,7 +75,7 @@ def test_runtime_env_ships_code_and_leaves_bulk_behind(tmp_path):
 def test_this_checkout_packs_small(tmp_path):
     """This very checkout (with whatever outputs/ and caches it holds) packs to a few MB of code."""
     packed = _packed(ROOT, _excludes(), tmp_path)
-    assert "rsearch_verl/data/run_data.py" in packed and "recipes/data/toy_world.yaml" in packed
+    assert "rsearch_verl/data/parquet_data.py" in packed and "recipes/data/toy_world.yaml" in packed
     assert os.path.getsize(tmp_path / "pkg.zip") < 20 << 20
 
 

@@ -9,11 +9,14 @@ the others keep decoding, and rejoins as soon as its observation is appended —
 The KV cache is a preallocated buffer per layer (rsearch_verl/rollout/engines/kv_cache.py): a decode step writes
 its column in place, a join costs one copy. Continuous batching is the default; `continuous=False` runs each gathered
 batch to the end (finished rows still leave the cache early); benchmarks/rollout_async.py compares the two.
-Models whose cache is not a plain DynamicCache (sliding-window layers) are never joined into: new requests wait
-until the running batch drains. Weight updates land between two decode steps (rsearch_verl/rollout/engines/
-batching.py); rows decoding across one keep their KV cache (computed by the older weights) and tag each token with
-the version that sampled it. The model lives in this engine on its device and stays there: `sleep` / `wake_up` only
-track the state (base.py), since the HF engine is the CPU path, where offloading would gain nothing.
+Hybrid models (Qwen3.5 / 3.6) join too: their linear-attention layers keep a recurrent and a conv state per row
+(kv_cache.py's RecurrentLayer), joined by row. Models with other cache layers (sliding window) are never joined
+into: new requests wait until the running batch drains. Every call prefills its whole prompt (no prefix reuse across
+calls): after an observation, a hybrid's recurrent state is re-derived from the full context, never carried over.
+Weight updates land between two decode steps (rsearch_verl/rollout/engines/batching.py); rows decoding across one
+keep their KV cache (computed by the older weights) and tag each token with the version that sampled it. The model
+lives in this engine on its device and stays there: `sleep` / `wake_up` only track the state (base.py), since the HF
+engine is the CPU path, where offloading would gain nothing.
 
     engine = HFEngine(model, tokenizer)
     out = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=64, seed=7), stop=["</search>"])
@@ -34,11 +37,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
 from rsearch_verl.rollout.engines.batching import BatchingEngine, Request, resolve
-from rsearch_verl.rollout.engines.kv_cache import GrowingLayer, left_pad
+from rsearch_verl.rollout.engines.kv_cache import growing, joinable, left_pad, merged
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +182,7 @@ class HFEngine(BatchingEngine):
             live = len(batch.rows) if batch is not None else 0
             if live == 0 and stopping:
                 return
-            joinable = live == 0 or all(isinstance(layer, GrowingLayer) for layer in batch.past.layers)
-            room = self.max_batch - live if joinable else 0
+            room = self.max_batch - live if live == 0 or joinable(batch.past.layers) else 0
             new, stop = self._take(block=live == 0, room=room) if not stopping else ([], False)
             stopping = stopping or stop
             try:
@@ -219,8 +220,9 @@ class HFEngine(BatchingEngine):
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **last)
         self.counters["prefills"] += 1
         past = out.past_key_values
-        if all(type(layer) is DynamicLayer for layer in past.layers):  # else (sliding window...): as the model made it
-            past.layers = [GrowingLayer.merged([layer], width) for layer in past.layers]
+        grown = [growing(layer, width) for layer in past.layers]
+        if joinable(grown):  # else (sliding window...): every layer as the model made it
+            past.layers = grown
         batch = _Batch(rows, past, attn, pos[:, -1], out.logits[:, -1, :])
         batch.started = list(rows)
         for row in rows:
@@ -232,11 +234,11 @@ class HFEngine(BatchingEngine):
         mask 0 on the left padding); one copy per join, none per decode step."""
         if batch is None or not batch.rows:
             return new
-        if not all(isinstance(layer, GrowingLayer) for layer in batch.past.layers):
-            raise RuntimeError("continuous batching needs a plain DynamicCache (no sliding-window layers)")
+        if not joinable(batch.past.layers):
+            raise RuntimeError("continuous batching needs full- or linear-attention cache layers (no sliding window)")
         width = max(batch.attn.shape[1], new.attn.shape[1])
         for i, (old, add) in enumerate(zip(batch.past.layers, new.past.layers, strict=True)):
-            batch.past.layers[i] = GrowingLayer.merged([old, add], width)
+            batch.past.layers[i] = merged([old, add], width)
         batch.attn = torch.cat([left_pad(batch.attn, width, 1), left_pad(new.attn, width, 1)])
         batch.last_pos = torch.cat([batch.last_pos, new.last_pos])
         batch.logits = torch.cat([batch.logits, new.logits])
@@ -263,7 +265,7 @@ class HFEngine(BatchingEngine):
         first = int(batch.attn.any(0).nonzero()[0])  # columns that are padding in every live row: drop them
         if first > 0:
             for layer in batch.past.layers:
-                if isinstance(layer, GrowingLayer):
+                if hasattr(layer, "drop_left"):  # GrowingLayer, RecurrentLayer (kv_cache.py)
                     layer.drop_left(first)
                 else:
                     layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]

@@ -8,12 +8,18 @@ or when rows leave (`batch_select_indices`, `drop_left`). Used by rsearch_verl/r
 
     past.layers = [GrowingLayer.merged([layer], width) for layer in past.layers]   # after a prefill
     past.layers[i] = GrowingLayer.merged([old, new], width)                        # a join
+
+Hybrid models (Qwen3.5 / 3.6: Gated DeltaNet layers beside full attention) also have linear-attention layers, whose
+cache is a fixed-size recurrent state [B, heads, d_k, d_v] and conv state [B, channels, kernel] per row, with no
+sequence axis. transformers' `LinearAttentionLayer` cannot drop rows (no `batch_select_indices`), so `RecurrentLayer`
+adds that and joins (row concatenation: the states are per row, nothing to align). `growing(layer, width)` is the
+conversion for any layer after a prefill; layers of other kinds (sliding window, ...) stay as they are.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 
 class GrowingLayer(DynamicLayer):
@@ -71,6 +77,51 @@ class GrowingLayer(DynamicLayer):
         self._kbuf, self._vbuf = self._kbuf[:, :, n:], self._vbuf[:, :, n:]
         self.length -= n
         self._view()
+
+
+class RecurrentLayer(LinearAttentionLayer):
+    """A linear-attention layer's cache (conv and recurrent state per row) that rows can leave and join."""
+
+    @classmethod
+    def merged(cls, parts: list[LinearAttentionLayer]) -> RecurrentLayer:
+        """One layer holding `parts`' rows in order (each part already past its prefill)."""
+        layer = cls()
+        layer.conv_states = torch.cat([p.conv_states for p in parts])
+        layer.recurrent_states = torch.cat([p.recurrent_states for p in parts])
+        layer.dtype, layer.device = layer.conv_states.dtype, layer.conv_states.device
+        layer.max_batch_size, layer.conv_kernel_size = layer.conv_states.shape[0], layer.conv_states.shape[-1]
+        layer.is_conv_states_initialized = layer.is_recurrent_states_initialized = True
+        layer.has_previous_state = True
+        return layer
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.conv_states, self.recurrent_states = self.conv_states[indices], self.recurrent_states[indices]
+        self.max_batch_size = self.conv_states.shape[0]
+
+    def drop_left(self, n: int) -> None:
+        """Nothing to drop: a recurrent state has no columns."""
+
+
+def growing(layer, width: int):
+    """The continuous batch's version of a layer just past its prefill (`width` columns): attention keys / values into
+    a `GrowingLayer`, a linear-attention state into a `RecurrentLayer`; other kinds unchanged (not joinable)."""
+    if type(layer) is DynamicLayer:
+        return GrowingLayer.merged([layer], width)
+    if type(layer) is LinearAttentionLayer and layer.is_conv_states_initialized:
+        return RecurrentLayer.merged([layer])
+    return layer
+
+
+def joinable(layers) -> bool:
+    """Whether rows can join a batch with these cache layers (every one a GrowingLayer or a RecurrentLayer)."""
+    return all(isinstance(layer, (GrowingLayer, RecurrentLayer)) for layer in layers)
+
+
+def merged(parts: list, width: int):
+    """One layer holding the rows of `parts` (the same layer of two batches), attention right-aligned to `width`."""
+    if isinstance(parts[0], RecurrentLayer):
+        return RecurrentLayer.merged(parts)
+    return GrowingLayer.merged(parts, width)
 
 
 def spare(width: int) -> int:

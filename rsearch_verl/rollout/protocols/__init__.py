@@ -1,5 +1,17 @@
-"""Search protocols, one file per paper (its prompts, parser, observation and demonstration formats), picked by YAML
-name. Adding a protocol: one file here, one line in `_REGISTRY` and its name and constructor parameters in
+"""Search protocols: how a policy asks for search and how the results come back, picked by YAML name
+(`rollout.protocol`).
+
+    base.py          the interface: `SearchProtocol` (prompts, stop strings, turn parser, observation, `extract_answer`:
+                     THE answer extractor) and `Action`
+    tagged.py        `TagSearchProtocol`: the machinery every protocol below shares (query tag, observation tags,
+                     `<answer>`); a protocol changes only its tags, templates, query parsing and document format
+    search_r1.py, research.py, r1_searcher.py, r_search.py, nl_dag.py
+                     one per paper: its prompts, parser, observation and demonstration formats
+    tool_call.py     JSON tool calls through the model's chat template; call_formats.py: how each model family writes
+                     a call (hermes, llama3_json)
+    __init__.py      the registry (`_REGISTRY`) and the lookups below
+
+Adding a protocol: one file here, one line in `_REGISTRY` and its name and constructor parameters in
 rsearch_verl/choices.py (which the config validates against; `protocol_class` checks the two agree).
 
     proto = protocol_for(cfg)              # THE run's protocol (rollout.protocol + rollout.protocol_kwargs): built
@@ -8,8 +20,8 @@ rsearch_verl/choices.py (which the config validates against; `protocol_class` ch
                                            # nl_dag | tool_call (data preparation, demonstrations, the viewer)
     proto.stop_strings, proto.build_prompt(q), proto.parse_turn(text), await proto.observe(action, search, topk)
 
-Modules are imported lazily so that `protocols.base` can be imported from anywhere (the search package
-imports `Doc` from it) without pulling every protocol in.
+A protocol's module is imported when its name is first asked for, so importing this package (for `SearchProtocol` or
+`protocol_for`) does not pull every protocol in.
 """
 
 from __future__ import annotations

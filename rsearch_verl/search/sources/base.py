@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 
 import httpx
 
-from rsearch_verl.search.types import Doc
+from rsearch_verl.search.types import Doc, DocumentPage
 
 
 class SourceResponseError(ValueError):
@@ -34,6 +34,18 @@ class Source(ABC):
         """Whether the backend answers its health check (the circuit breaker's probe). Sources without one say
         yes, so a paused search simply tries again."""
         return True
+
+    async def documents(
+        self, http: httpx.AsyncClient, ids: list[str], page: int, timeout_s: float
+    ) -> list[DocumentPage]:
+        """Page `page` of each whole document in `ids`, in order. A source without documents raises
+        NotImplementedError (the client turns it into a `config` SearchError)."""
+        raise NotImplementedError(f"search source {self.name!r} serves no documents")
+
+    async def fingerprint(self, http: httpx.AsyncClient, timeout_s: float) -> str | None:
+        """What identifies the index behind the source (a record / replay store is pinned to it); None for a source
+        without one of its own (a web API)."""
+        return None
 
 
 def make_title_doc(doc_id: str, title: str, text: str, score: float, source: str) -> Doc:
