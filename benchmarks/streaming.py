@@ -5,9 +5,13 @@ Modes (all `trainer.placement=split`: one actor rank and one rollout worker, a 1
 each):
     sync      trainer.max_staleness=0: generate a batch, then train on it
     batch1    trainer.max_staleness=1, rollout_mode=batch: the next batch generates while the actor trains
-    stream1   trainer.max_staleness=1, rollout_mode=streaming: trajectories flow, a step admits whole groups
+    stream1   trainer.max_staleness=1, rollout_mode=streaming, staleness_rule=admission (the default): trajectories
+              flow, a group starts while (k + 1) x B groups started and not trained leave room, a step trains the
+              oldest finished whole groups and waits for none
     stream2   the same at staleness 2
-    stream4   the same at staleness 4: how far the bound sets the tail's pace (not in the default modes)
+    stream1-ot  stream1 with trainer.staleness_rule=oldest_token: every admitted token at most 1 update old, a step
+              waits for its due groups (the rule before `admission`)
+    stream4   the same at staleness 4 (oldest_token): how far the bound sets the tail's pace (not in the default modes)
     stream1-np  stream1 without the log-probs the actor computes while a step waits (trainer.prefetch_log_probs=off;
               not in the default modes: `--modes ... stream1-np`)
 Workloads:
@@ -24,9 +28,12 @@ Per run, over the steps after `--skip` (the pipelines filling): trajectories per
 step / step time), rollout idle (timing/rollout_idle_s over the wall time), actor idle, the mean turns of the trained
 trajectories and the turn rate against sync (trajectories per second x turns: a stream trains a long group when it
 comes due, so its timed steps can hold fewer or more long groups than the loader's order gives sync), the admitted
-staleness, and for streaming the turn bias (mean turns of admitted / of all finished trajectories, `stream/turn_bias`).
+staleness (streaming: the head lag, updates between the trained weights and a group's oldest token; its mean and
+max over the run's steps), and for streaming the turn bias (mean turns of admitted / of all finished trajectories,
+`stream/turn_bias`).
 Rounds run the modes in turn; speed-ups are paired with the same round's sync and batch1 runs. The last line, for the
-last workload run (tail by default): streaming / synchronous and streaming / batch at staleness 1.
+last workload run (tail by default): streaming (admission) / synchronous and streaming / batch at staleness 1. Draws
+of seeds and worlds: `--seed N` and a trailing override `data.toy_world.seed=M`, one invocation each.
 
     .venv/bin/python benchmarks/streaming.py                                # both workloads, 2 rounds
     .venv/bin/python benchmarks/streaming.py --workloads deep --rounds 3 --steps 10
@@ -59,7 +66,9 @@ MODES = {
     "stream1": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming"],
     "stream2": ["trainer.max_staleness=2", "trainer.rollout_mode=streaming"],
     # a wider bound: how far the tail's pace is the bound's (docs/async_training.md, "Streaming, measured")
-    "stream4": ["trainer.max_staleness=4", "trainer.rollout_mode=streaming"],
+    "stream4": ["trainer.max_staleness=4", "trainer.rollout_mode=streaming", "trainer.staleness_rule=oldest_token"],
+    # the strict rule: every admitted group's oldest token at most 1 update behind (steps wait for due groups)
+    "stream1-ot": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming", "trainer.staleness_rule=oldest_token"],
     # stream1 as it was before the actor prefetched log-probs while a step waits (trainer/prefetch.py)
     "stream1-np": ["trainer.max_staleness=1", "trainer.rollout_mode=streaming", "trainer.prefetch_log_probs=off"],
 }
@@ -115,7 +124,8 @@ def run(workload: str, mode: str, args, url: str, out: str, tag: str) -> dict:
         "step_s": wall / len(rows),
         "rollout_idle": sum(r["timing/rollout_idle_s"] for r in rows) / wall,
         "actor_idle": sum(r["timing/actor_idle_s"] for r in rows) / wall,
-        "staleness_max": max(r.get("stream/staleness_max", r["async/staleness_max"]) for r in rows),
+        "staleness_max": max(r.get("stream/lag_head_max", r["async/staleness_max"]) for r in rows),
+        "lag_head_mean": statistics.mean(r.get("stream/lag_head_mean", r["async/staleness_mean"]) for r in rows),
         "turns_mean": statistics.mean(r["rollout/turns_mean"] for r in rows),
         "turns_max": max(r["rollout/turns_max"] for r in rows),
         "turns_p90": statistics.mean(r["rollout/turns_p90"] for r in rows),
@@ -135,7 +145,7 @@ def report(results: list[dict]) -> tuple[float, float] | None:
         print(f"\n{workload}: turns per trajectory mean {turns[0]:.1f}, p90 {turns[1]:.1f}, max {most:.0f}")
         print(
             "mode        runs  traj/s median (min..max)  vs sync (paired)  vs batch1 (paired)  rollout idle (min..max)"
-            "  actor idle  turns  turns/s vs sync  max stale  turn bias  dropped"
+            "  actor idle  turns  turns/s vs sync  turns/s vs batch1  lag mean  lag max  turn bias  dropped"
         )
         ratios = {}
         for mode in MODES:
@@ -153,8 +163,8 @@ def _mode_row(mode: str, runs: list[dict], by: dict) -> dict[str, float]:
     long group when it comes due, so a short window can hold fewer or more of them than the loader's order."""
     vs = {base: [r["traj_per_s"] / by[(base, r["round"])]["traj_per_s"] for r in runs if (base, r["round"]) in by]
           for base in ("sync", "batch1")}  # fmt: skip
-    turn_rate = [r["traj_per_s"] * r["turns_mean"] / (s["traj_per_s"] * s["turns_mean"]) for r in runs
-                 if (s := by.get(("sync", r["round"])))]  # fmt: skip
+    turn_rate, turn_batch = ([r["traj_per_s"] * r["turns_mean"] / (s["traj_per_s"] * s["turns_mean"]) for r in runs
+                              if (s := by.get((base, r["round"])))] for base in ("sync", "batch1"))  # fmt: skip
     idle = [r["rollout_idle"] for r in runs]
     cells = [f"{mode:<10}", f"{len(runs):>4}", f"{spread([r['traj_per_s'] for r in runs]):>24}",
              f"{spread(vs['sync']) if vs['sync'] else '-':>17}",
@@ -163,7 +173,9 @@ def _mode_row(mode: str, runs: list[dict], by: dict) -> dict[str, float]:
              f"{statistics.median(r['actor_idle'] for r in runs):>10.0%}",
              f"{statistics.median(r['turns_mean'] for r in runs):>5.1f}",
              f"{spread(turn_rate) if turn_rate else '-':>17}",
-             f"{max(r['staleness_max'] for r in runs):>9.0f}",
+             f"{spread(turn_batch) if turn_batch else '-':>18}",
+             f"{statistics.median(r.get('lag_head_mean', 0.0) for r in runs):>8.2f}",
+             f"{max(r['staleness_max'] for r in runs):>7.0f}",
              f"{statistics.median(r['turn_bias'] for r in runs):>10.2f}",
              f"{sum(r['dropped'] for r in runs):>8.0f}"]  # fmt: skip
     print("  ".join(cells))
@@ -174,7 +186,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["readme", "tail"], choices=list(WORKLOADS))
     parser.add_argument("--max-searches", type=int, default=16, help="the tail workload's longest trajectories")
-    parser.add_argument("--modes", nargs="+", default=["sync", "batch1", "stream1", "stream2"], choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=["sync", "batch1", "stream1", "stream2", "stream1-ot"],
+                        choices=list(MODES))  # fmt: skip
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the means (pipelines filling)")
     parser.add_argument("--rounds", type=int, default=2)

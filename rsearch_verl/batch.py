@@ -46,6 +46,9 @@ Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
                                     each of its rows; trajectory statistics read the last row only (`last_rows`)
     segment_index   int             0, 1, ... within the trajectory
     last_segment    bool            the trajectory's last row
+    round_trip_record  tuple | None  the engine record of a row the round-trip check sampled (what the engine was
+                                    handed and returned: rollout/round_trip.py); None on other rows; re-checked by the
+                                    driver before the update
     reward, answer                  (reward phase)
 
 meta_info: `validate` (bool), `seed` (int), `kl_coef` (float, set before the updates), `metrics` (dict, from workers).

@@ -5,7 +5,9 @@ to parse the action, run the search, append the observation's token ids with res
 `rollout.max_turns` turns and `rollout.max_response_length` response tokens (observations included). Trajectories
 never wait for each other: while one searches, the engine batches the others' generation. The sampled token ids
 are exactly the ones trained (nothing is re-tokenised), so a `<information>` block the policy forges itself is
-sampled text with mask 1.
+sampled text with mask 1. Where the engine is called and returns, and where an observation's ids are made, the
+trajectory's `record` takes its own copy (rsearch_verl/rollout/round_trip.py: what the round-trip check compares the
+batch tensors with).
 
     traj = await run_trajectory(engine, tokenizer, protocol, search, prompt_ids, cfg, sampling)
     batch = generate_batch(engine, tokenizer, prompts, cfg, protocol=protocol)  # every rollout key of batch.py
@@ -18,8 +20,10 @@ index (a rerun reproduces), and searches through the process's one `SearchClient
 searches pause while the retriever is down) unless `search` is given; their metrics windows are reset per batch
 (`search/*` in `meta_info["metrics"]`, next to `timing/rollout_s` and `timing/search_s`; the per-trajectory `rollout/*`
 statistics are computed once by the driver from the batch: rsearch_verl/trainer/phases.py `rollout_metrics`). On a
-sample of each batch the token-in / token-out round trip is checked (`rollout.round_trip_check`: the trained ids are the
-sampled ones, the observations what the chat template renders; rsearch_verl/rollout/round_trip.py): a mismatch raises.
+sample of each batch the token-in / token-out round trip is checked on the batch `trajectories_batch` built
+(`rollout.round_trip_check`: the trained ids are the recorded sampled ones, the observations what the chat template
+renders; rsearch_verl/rollout/round_trip.py): a mismatch raises; the checked rows carry their record to the driver,
+which checks them again before the update.
 A trajectory with a search that failed for an outage reason (timeout, connection, 5xx) is marked `search_failed`
 (the trainer drops it from the update).
 """
@@ -168,6 +172,7 @@ async def run_trajectory(
         obs_ids, obs_text = observation_ids(
             tokenizer, obs, min(rc.max_obs_length, obs_room), protocol.observation_close
         )
+        traj.record.inserted(traj.row_index, obs_ids)  # the environment's ids, as made (rollout/round_trip.py)
         traj.add(obs_ids, 0, None, "observation", obs_text)
         traj.turns[-1].obs_ids, traj.turns[-1].obs_cut = list(obs_ids), obs_text != obs
         if window.strategy == "none" and len(traj.row.response_ids) >= rc.max_response_length:
@@ -179,7 +184,10 @@ async def run_trajectory(
 
 async def _generate_turn(engine: RolloutEngine, traj: Trajectory, sampling: SamplingParams, room: int, stop):
     start = time.perf_counter()
-    out = await engine.generate(traj.row.context_ids, dataclasses.replace(sampling, max_tokens=room), stop)
+    context = traj.row.context_ids
+    traj.record.context(traj.row_index, context)  # the engine boundary, both ways (rollout/round_trip.py): what it
+    out = await engine.generate(context, dataclasses.replace(sampling, max_tokens=room), stop)
+    traj.record.sampled(traj.row_index, out.token_ids)  # was handed, and a copy of what it returned, before any use
     traj.turn_timing.append({"gen_s": time.perf_counter() - start, "search_s": 0.0})
     traj.count_generation(traj.row.context_len, len(out.token_ids))
     return out
@@ -218,8 +226,6 @@ async def generate_batch_async(
     search: SearchFn | None = None,
     *,
     protocol: SearchProtocol,
-    pad_prompt_to: int | None = None,
-    pad_response_to: int | None = None,
 ) -> DataProto:
     """The async body of `generate_batch` (call it directly from code that already runs an event loop)."""
     rc = cfg.rollout
@@ -250,8 +256,7 @@ async def generate_batch_async(
         if own_client:
             await search.aclose()
     metrics = search_metrics(search, counted, time.perf_counter() - start, breaker)
-    out = trajectories_batch(trajs, batch, tokenizer, {**prompts.meta_info, "metrics": metrics},
-                             pad_prompt_to, pad_response_to)  # fmt: skip
+    out = trajectories_batch(trajs, batch, tokenizer, {**prompts.meta_info, "metrics": metrics})
     if round_trip_enabled(cfg):  # the trained ids are the sampled ones, observations the template's (raises if not)
         metrics.update(check_round_trip(trajs, out, tokenizer, protocol, rc.round_trip_sample))
     return out
@@ -264,13 +269,13 @@ def trajectory_sampling(cfg: RSearchConfig, validate: bool, seed: int) -> Sampli
     return SamplingParams(temperature, rc.top_p, rc.top_k, rc.max_tokens_per_turn, seed=seed)
 
 
-def trajectories_batch(trajs: list[Trajectory], prompts: DataProto, tokenizer, meta: dict,
-                       pad_prompt_to: int | None = None, pad_response_to: int | None = None) -> DataProto:  # fmt: skip
+def trajectories_batch(trajs: list[Trajectory], prompts: DataProto, tokenizer, meta: dict) -> DataProto:
     """The batch of finished trajectories (one per row of `prompts`, whose non-tensors they carry): one row per
-    segment, a trajectory whose context folded is several rows (rollout/context.py), every rollout key of batch.py."""
+    segment, a trajectory whose context folded is several rows (rollout/context.py), every rollout key of batch.py;
+    padded to its own widest row (batches of different widths are joined by `rsearch_verl.batch.join_rows`)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     nt = prompts.non_tensor_batch
-    tensors, non_tensors = rows_to_batch(trajs, {key: nt[key] for key in nt}, pad_id, pad_prompt_to, pad_response_to)
+    tensors, non_tensors = rows_to_batch(trajs, {key: nt[key] for key in nt}, pad_id)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 

@@ -161,10 +161,14 @@ class ContextWindow:
         """The policy writes a note in the current context; the new context is the prompt, the note's opening tag
         (as the environment wrote it) and the note."""
         row = traj.row
+        traj.record.inserted(traj.row_index, self.note_open_ids)  # the engine record (rollout/round_trip.py)
         traj.add(self.note_open_ids, 0, None, OBSERVATION, NOTE_OPEN)
         seed = None if sampling.seed is None else (sampling.seed * 31 + 7) % (2**63)  # not the next turn's stream
         params = dataclasses.replace(sampling, max_tokens=self.ctx.summary_max_tokens, seed=seed)
-        out = await engine.generate(row.context_ids, params, [NOTE_CLOSE])
+        context = row.context_ids
+        traj.record.context(traj.row_index, context)
+        out = await engine.generate(context, params, [NOTE_CLOSE])
+        traj.record.sampled(traj.row_index, out.token_ids)
         traj.count_generation(row.context_len, len(out.token_ids))
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         versions = list(out.versions) or [engine.version] * len(out.token_ids)

@@ -49,7 +49,8 @@ ENGINE = "rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine"
 SIZES = ["data.max_prompt_length=192", "rollout.max_response_length=128", "rollout.max_obs_length=48",
          "rollout.max_tokens_per_turn=40", "rollout.context.max_tokens=300", "rollout.context.summary_max_tokens=16",
          "rollout.max_turns=8", "rollout.n=2", "retriever.topk=1", "trainer.test_freq=0",
-         "trainer.val_before_train=false", "actor.loss_agg_mode=token-mean", "trainer.prefetch_log_probs=check"]  # fmt: skip
+         "trainer.val_before_train=false", "actor.loss_agg_mode=token-mean",
+         "trainer.prefetch_log_probs=check"]  # fmt: skip
 
 
 def _overrides(strategy: str, mode: str, workers: int) -> list[str]:
@@ -102,6 +103,9 @@ def test_composed_features_train_every_prompt_once(tmp_path, toy_cache, strategy
     assert all(r["search/calls"] > 0 for r in metrics)
     if strategy != "none":
         assert max(r["rollout/folds_mean"] for r in metrics) > 0  # contexts folded: trajectories of several rows
+    if mode == "streaming":  # the log-probs prefetched while a step waited equal the step's own (prefetch=check)
+        assert all(r["stream/prefetched_old_frac"] <= r["stream/prefetched_ref_frac"] for r in metrics)
+        assert all(r["stream/lost_trajectories"] == 0 for r in metrics)
     import yaml
 
     with open(first / "config.yaml") as f:

@@ -1,30 +1,47 @@
 """The token-in / token-out round trip (rsearch_verl/rollout/round_trip.py) per model family: 32-turn tool-call
 trajectories of the tiny Qwen2 (ChatML), Qwen3 (thinking off) and Llama 3 through `generate_batch` with a scripted HF
 engine and each family's own chat template: the check re-renders every turn and passes; a batch that trains
-re-tokenised policy ids, or observations framed for another template, fails the run with a clear error.
+re-tokenised policy ids, or observations framed for another template, fails the run with a clear error. With an engine
+that samples non-canonical splits: ids trained as sampled pass, every token counted; a re-tokenisation after the
+engine returned (which leaves the loop's own copies agreeing), a context rebuilt from text, or a final batch rebuilt,
+shifted or re-positioned on its way to the update (the driver's check) fails.
 
 Run: .venv/bin/python -m pytest -q tests/rollout/test_rollout_round_trip.py
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
+import torch
+import torch.nn.functional as F
+from verl import DataProto
 
+from rsearch_verl.batch import sequence_keys
 from rsearch_verl.config import ModelConfig, RSearchConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset
 from rsearch_verl.model_families import family_tokenizer
 from rsearch_verl.models import load_model
+from rsearch_verl.rollout import agent_loop
 from rsearch_verl.rollout.agent_loop import generate_batch, trajectories_batch
-from rsearch_verl.rollout.context import Turn
+from rsearch_verl.rollout.context import Row, Turn
+from rsearch_verl.rollout.engines.base import GenerationResult, RolloutEngine, SamplingParams
 from rsearch_verl.rollout.protocols import get_protocol, protocol_for
 from rsearch_verl.rollout.protocols.tool_call import ToolCallProtocol
-from rsearch_verl.rollout.round_trip import RoundTripError, check_round_trip, round_trip_enabled
+from rsearch_verl.rollout.round_trip import (
+    RECORD,
+    RoundTripError,
+    check_batch_records,
+    check_round_trip,
+    round_trip_enabled,
+)
 from rsearch_verl.rollout.stream import SEQ, TrajectoryStream
 from rsearch_verl.rollout.trajectory import Trajectory
 from rsearch_verl.search.types import Doc
 from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
+from rsearch_verl.trainer.phases import round_trip_phase
 
 TURNS = 32
 CALLS = {
@@ -184,6 +201,133 @@ def test_the_streaming_rollout_checks_the_round_trip_too(misframed):
         engine.close()
 
 
+SPLIT_CALL, SPLIT_ANSWER = CALLS["qwen2"].format(k="paris"), "<think> </think><answer> yes </answer>"
+
+
+def _split(tok, text: str) -> list[int]:
+    """One token per character: ids the tokenizer would merge (BPE encodes the text with fewer, other ids)."""
+    return [i for ch in text for i in tok.encode(ch, add_special_tokens=False)]
+
+
+class _SplitEngine(RolloutEngine):
+    """An engine double sampling non-canonical splits: a tool call until the context holds a tool turn, then an
+    answer."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    async def generate(self, prompt_ids, sampling, stop):
+        searched = TOOL_TURN["qwen2"] in self.tok.decode(prompt_ids, skip_special_tokens=False)
+        text = SPLIT_ANSWER if searched else SPLIT_CALL
+        ids = _split(self.tok, text)[: sampling.max_tokens]
+        end = next((s for s in stop if text.endswith(s)), None)
+        return GenerationResult(ids, [-0.5] * len(ids), "stop" if end else "eos", end)
+
+    def load_weights(self, weights, version=None):
+        self.version = self.version + 1 if version is None else version
+
+
+def _split_setup():
+    """(cfg, tokenizer, protocol, prompts) of a chat-template tool-call run: one prompt, two samples."""
+    cfg = _cfg("qwen2")
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, n=2, max_turns=3))
+    tok, protocol = family_tokenizer("qwen2"), protocol_for(cfg)
+    rows = [{"prompt": protocol.build_prompt("is it so?", "instruct"), "golden_answers": ["yes"]}]
+    prompts = PromptDataset(rows, tok, max_prompt_length=2048, protocol=protocol).to_batch([0], uids=["a"])
+    prompts.meta_info["seed"] = 3
+    assert _split(tok, SPLIT_CALL) != tok.encode(SPLIT_CALL, add_special_tokens=False)  # really non-canonical
+    return cfg, tok, protocol, prompts
+
+
+def test_ids_trained_as_sampled_pass_and_every_token_is_counted():
+    cfg, tok, protocol, prompts = _split_setup()
+    batch = generate_batch(_SplitEngine(tok), tok, prompts, cfg, search=_search, protocol=protocol)
+    metrics, nt = batch.meta_info["metrics"], batch.non_tensor_batch
+    assert list(nt["n_searches"]) == [1, 1] and list(nt["finish_reason"]) == ["answer", "answer"]
+    assert metrics["round_trip/trajectories"] == 2 and metrics["round_trip/rows"] == 2
+    assert metrics["round_trip/tokens"] == int(batch.batch["attention_mask"].sum()) > 0  # every real token
+    assert metrics["round_trip/noncanonical_turns"] == 4 and metrics["round_trip/observations"] == 2
+    assert all(record is not None for record in nt[RECORD])  # carried to the driver
+
+
+def test_a_retokenisation_between_the_engine_and_the_batch_fails_the_run(monkeypatch):
+    """A step after the engine returns decodes the sampled ids and encodes the text again: the turn and the row both
+    hold the re-encoded ids (comparing those two copies passes), the engine record kept its own copy: the run fails."""
+    cfg, tok, protocol, prompts = _split_setup()
+    original = agent_loop._generate_turn
+
+    async def retokenising(engine, traj, *args):
+        out = await original(engine, traj, *args)
+        ids = tok.encode(tok.decode(out.token_ids, skip_special_tokens=False), add_special_tokens=False)
+        return dataclasses.replace(out, token_ids=ids, logprobs=[-0.5] * len(ids))
+
+    monkeypatch.setattr(agent_loop, "_generate_turn", retokenising)
+    protocol.bind_tokenizer(tok, chat=True)
+    prompt_ids = list(prompts.non_tensor_batch["prompt_ids"][0])
+    run = agent_loop.run_trajectory(_SplitEngine(tok), tok, protocol, _search, prompt_ids, cfg, SamplingParams())
+    traj = asyncio.run(run)
+    first = traj.turns[0].policy_ids
+    assert first != _split(tok, SPLIT_CALL) and traj.rows[0].response_ids[: len(first)] == first  # copies agree
+    with pytest.raises(RoundTripError, match="turn 0: the trained policy ids differ from the ids the engine sampled"):
+        check_round_trip([traj], trajectories_batch([traj], prompts, tok, {}), tok, protocol)
+    with pytest.raises(RoundTripError, match="policy ids differ from the ids the engine sampled"):
+        generate_batch(_SplitEngine(tok), tok, prompts, cfg, search=_search, protocol=protocol)
+
+
+def test_a_context_rebuilt_from_text_fails_the_run(monkeypatch):
+    """Each turn's context re-encoded from the text so far (instead of the ids): the engine samples after ids the row
+    does not train; the record's digest of what the engine was handed catches it."""
+    cfg, tok, protocol, prompts = _split_setup()
+    rebuilt = property(lambda row: tok.encode(tok.decode(row.prompt_ids + row.response_ids, skip_special_tokens=False),
+                                              add_special_tokens=False))  # fmt: skip
+    monkeypatch.setattr(Row, "context_ids", rebuilt)
+    with pytest.raises(RoundTripError, match="turn 1: the engine sampled after a context"):
+        generate_batch(_SplitEngine(tok), tok, prompts, cfg, search=_search, protocol=protocol)
+
+
+def test_the_driver_checks_the_tensors_the_update_gets():
+    """The checked rows carry their record to the driver, which checks them again on the final batch: wider padding,
+    another row order and copies (joins, fit_rows) pass with every token counted; ids re-encoded from text on the
+    way, input_ids that are not prompts ‖ responses or shifted positions fail."""
+    cfg, tok, protocol, prompts = _split_setup()
+    batch = generate_batch(_SplitEngine(tok), tok, prompts, cfg, search=_search, protocol=protocol)
+    joined = DataProto.concat([_widened(batch.select_idxs([1]), 3, 5), _widened(batch.select_idxs([0, 1]), 3, 5)])
+    _, metrics = round_trip_phase(joined)
+    real = int(batch.batch["attention_mask"].sum()) + int(batch.batch["attention_mask"][1].sum())
+    assert metrics == {"round_trip/update_rows": 3.0, "round_trip/update_tokens": float(real)}
+    retokenised = trajectories_batch([_retokenised(t, tok) for t in _trajectories(batch)], batch, tok, {})
+    assert retokenised.non_tensor_batch[RECORD][0] is not None  # the record travelled; the ids were rebuilt
+    with pytest.raises(RoundTripError, match="policy ids differ from the ids the engine sampled"):
+        round_trip_phase(retokenised)
+    shifted = joined.select_idxs([0, 1, 2])
+    shifted.batch["input_ids"][2] = torch.roll(shifted.batch["input_ids"][2], 1)
+    with pytest.raises(RoundTripError, match="row 2 .*input_ids"):
+        check_batch_records(shifted)
+    moved = joined.select_idxs([0, 1, 2])
+    moved.batch["position_ids"][1] += 1
+    with pytest.raises(RoundTripError, match="row 1 .*position ids"):
+        check_batch_records(moved)
+
+
+def _widened(batch: DataProto, left: int, right: int) -> DataProto:
+    """The batch with `left` more prompt padding columns and `right` more response ones (what a join may add)."""
+    t, p = batch.batch, batch.batch["prompts"].shape[1]
+    attn = torch.cat([F.pad(t["attention_mask"][:, :p], (left, 0)), F.pad(t["attention_mask"][:, p:], (0, right))], 1)
+    tensors = sequence_keys(F.pad(t["prompts"], (left, 0)), F.pad(t["responses"], (0, right)), attn,
+                            F.pad(t["response_mask"], (0, right)))  # fmt: skip
+    return DataProto.from_dict(tensors=tensors, non_tensors=dict(batch.non_tensor_batch))
+
+
+def _retokenised(traj: Trajectory, tok) -> Trajectory:
+    """The trajectory with each policy turn decoded and encoded again (what a pipeline through text trains)."""
+    out = Trajectory(list(traj.prompt_ids))
+    for turn in traj.turns:
+        ids = tok.encode(tok.decode(turn.policy_ids, skip_special_tokens=False), add_special_tokens=False)
+        out.add(ids, 1, None, "policy", "")
+        out.add(turn.obs_ids, 0, None, "observation", "")
+    return out
+
+
 def test_the_switch():
     base = ["+recipe=search_r1_toolcall_grpo"]
     assert not round_trip_enabled(load_config(base))  # base prompts: no template to re-render
@@ -198,6 +342,18 @@ def _one_turn(prompt: list[int], policy: list[int], obs: list[int]) -> Trajector
     traj.add(policy, 1, [0.0] * len(policy), "policy", "call")
     traj.add(obs, 0, None, "observation", "obs")
     traj.turns.append(Turn(list(policy), list(obs)))
+    return _recorded(traj)
+
+
+def _recorded(traj: Trajectory) -> Trajectory:
+    """A hand-built one-row trajectory with the engine record its turns would have left (rollout/round_trip.py)."""
+    context = list(traj.prompt_ids)
+    for turn in traj.turns:
+        traj.record.context(0, context)
+        traj.record.sampled(0, turn.policy_ids)
+        if turn.obs_ids:
+            traj.record.inserted(0, turn.obs_ids)
+        context += turn.policy_ids + turn.obs_ids
     return traj
 
 
@@ -223,7 +379,7 @@ def _trajectories(batch) -> list[Trajectory]:
             traj.turns.append(Turn(ids[start:end], ids[end:obs_end]))
             start = obs_end
         traj.rows[0].response_mask = mask
-        out.append(traj)
+        out.append(_recorded(traj))
     return out
 
 
@@ -235,7 +391,7 @@ def _with_obs(traj: Trajectory, replace: dict[int, list[int]]) -> Trajectory:
         if turn.obs_ids:
             out.add(turn.obs_ids, 0, None, "observation", "")
     out.turns = turns
-    return out
+    return _recorded(out)
 
 
 def _batch(trajs: list[Trajectory], like, tok):
