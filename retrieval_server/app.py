@@ -141,21 +141,27 @@ class RetrieveFastPath:
         await _send_bytes(send, 200, await self.batcher.submit(job, n_queries=len(job[0])))
 
 
+def check_strings(values: Any, name: str, most: int, max_chars: int) -> None:
+    """A request's list of strings (queries, document ids): a non-empty list of at most `most` non-blank strings of
+    at most `max_chars` characters; HTTPException(422) naming the problem."""
+    if not isinstance(values, list):
+        raise HTTPException(422, f"'{name}' must be a list of strings")
+    if not values:
+        raise HTTPException(422, f"'{name}' must not be empty")
+    if len(values) > most:
+        raise HTTPException(422, f"too many {name}: {len(values)} > {most}")
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise HTTPException(422, f"{name}[{i}] must be a string")
+        if not value.strip():
+            raise HTTPException(422, f"{name}[{i}] is empty")
+        if len(value) > max_chars:
+            raise HTTPException(422, f"{name}[{i}] longer than {max_chars} characters")
+
+
 def check_limits(config: ServerConfig, queries: Any, topk: Any, return_scores: Any) -> Job:
     """Validate one request's fields (already JSON-decoded); raise HTTPException(422) naming the problem."""
-    if not isinstance(queries, list):
-        raise HTTPException(422, "'queries' must be a list of strings")
-    if not queries:
-        raise HTTPException(422, "'queries' must not be empty")
-    if len(queries) > config.max_queries:
-        raise HTTPException(422, f"too many queries: {len(queries)} > {config.max_queries}")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise HTTPException(422, f"queries[{i}] must be a string")
-        if not q.strip():
-            raise HTTPException(422, f"queries[{i}] is empty")
-        if len(q) > config.max_query_chars:
-            raise HTTPException(422, f"queries[{i}] longer than {config.max_query_chars} characters")
+    check_strings(queries, "queries", config.max_queries, config.max_query_chars)
     if topk is None:
         topk = config.default_topk
     # bool is an int subclass in Python: `"topk": true` must not mean topk=1.
@@ -192,19 +198,7 @@ def parse_documents_body(config: ServerConfig, body: bytes) -> tuple[list[str], 
     if "ids" not in data:
         raise HTTPException(422, "missing field 'ids'")
     ids = data["ids"]
-    if not isinstance(ids, list):
-        raise HTTPException(422, "'ids' must be a list of strings")
-    if not ids:
-        raise HTTPException(422, "'ids' must not be empty")
-    if len(ids) > config.max_document_ids:
-        raise HTTPException(422, f"too many ids: {len(ids)} > {config.max_document_ids}")
-    for i, doc_id in enumerate(ids):
-        if not isinstance(doc_id, str):
-            raise HTTPException(422, f"ids[{i}] must be a string")
-        if not doc_id:
-            raise HTTPException(422, f"ids[{i}] is empty")
-        if len(doc_id) > config.max_query_chars:
-            raise HTTPException(422, f"ids[{i}] longer than {config.max_query_chars} characters")
+    check_strings(ids, "ids", config.max_document_ids, config.max_query_chars)
     page = data.get("page")
     page = 0 if page is None else page
     if not isinstance(page, int) or isinstance(page, bool):  # `"page": true` must not mean page 1

@@ -138,10 +138,23 @@ def join_rows(batches: list):
     batches = [b for b in batches if len(b)] or batches[:1]
     prompt_width = max(b.batch["prompts"].shape[1] for b in batches)
     response_width = max(b.batch["responses"].shape[1] for b in batches)
+    metrics = [b.meta_info.pop("metrics", None) for b in batches]
     for b in batches:
         _pad_to(b.batch, prompt_width, response_width)
     out = type(batches[0]).concat(batches)
     trim_padding(out.batch)
+    if any(m is not None for m in metrics):  # per-chunk values, as DataProto.concat collects them
+        out.meta_info["metrics"] = _collect_metrics([m for m in metrics if m is not None])
+    return out
+
+
+def _collect_metrics(chunks: list[dict]) -> dict[str, list]:
+    """{key: [each chunk's value]} over the keys any chunk has (a chunk may lack one: a rollout worker in streaming
+    mode validates on its stream's loop, one that was never sent a group through a plain batch)."""
+    out: dict[str, list] = {}
+    for chunk in chunks:
+        for key, value in chunk.items():
+            out.setdefault(key, []).extend(value if isinstance(value, list) else [value])
     return out
 
 

@@ -46,17 +46,21 @@ CELLS = [
     for cell in itertools.product(STRATEGIES, MODES, WORKERS, PROTOCOLS)
 ]
 ENGINE = "rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine"
-SIZES = ["data.max_prompt_length=192", "rollout.max_response_length=128", "rollout.max_obs_length=48",
-         "rollout.max_tokens_per_turn=40", "rollout.context.max_tokens=300", "rollout.context.summary_max_tokens=16",
+# the prompt budget and the context each protocol's prompts need (tool_call declares its tools in the prompt)
+PROMPT = {"search_r1": ["data.max_prompt_length=192", "rollout.context.max_tokens=300"],
+          "tool_call": ["data.max_prompt_length=320", "rollout.context.max_tokens=440"]}  # fmt: skip
+SIZES = ["rollout.max_response_length=128", "rollout.max_obs_length=48",
+         "rollout.max_tokens_per_turn=40", "rollout.context.summary_max_tokens=16",
          "rollout.max_turns=8", "rollout.n=2", "retriever.topk=1", "trainer.test_freq=0",
          "trainer.val_before_train=false", "actor.loss_agg_mode=token-mean",
          "trainer.prefetch_log_probs=check"]  # fmt: skip
 
 
-def _overrides(strategy: str, mode: str, workers: int) -> list[str]:
-    out = [ENGINE, *SIZES, f"rollout.context.strategy={strategy}", f"trainer.n_workers={workers}"]
+def _overrides(strategy: str, mode: str, workers: int, protocol: str) -> list[str]:
+    out = [ENGINE, *SIZES, *PROMPT[protocol], f"rollout.context.strategy={strategy}", f"trainer.n_workers={workers}"]
     if mode == "streaming":
-        out += ["trainer.placement=split", "trainer.max_staleness=1", "trainer.rollout_mode=streaming"]
+        out += ["trainer.placement=split", "trainer.max_staleness=1", "trainer.rollout_mode=streaming",
+                f"trainer.ray_num_cpus={2 * workers}"]  # a 1-CPU bundle per actor rank and per rollout worker
     return out
 
 
@@ -93,11 +97,10 @@ def test_composed_features_train_every_prompt_once(tmp_path, toy_cache, strategy
 
     recipe = "search_r1_toolcall_grpo" if protocol == "tool_call" else "search_r1_grpo"
     first, resumed = tmp_path / "first", tmp_path / "resumed"
-    steps = ["trainer.total_steps=2", "trainer.save_freq=1"]
-    run_main(recipe, first, toy_cache, *_overrides(strategy, mode, workers), *steps, timeout=600)
+    overrides = [*_overrides(strategy, mode, workers, protocol), "trainer.total_steps=2", "trainer.save_freq=1"]
+    run_main(recipe, first, toy_cache, *overrides, timeout=600)
     ckpt = first / "checkpoints" / "step_000001"
-    run_main(recipe, resumed, toy_cache, *_overrides(strategy, mode, workers), *steps, f"trainer.resume={ckpt}",
-             timeout=600)  # fmt: skip
+    run_main(recipe, resumed, toy_cache, *overrides, f"trainer.resume={ckpt}", timeout=600)
     metrics = [r for r in read_metrics(first) if "reward/mean" in r]
     assert [r["step"] for r in metrics] == [1, 2]
     assert all(r["search/calls"] > 0 for r in metrics)

@@ -109,11 +109,7 @@ class LocalSource(Source):
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
         resp = await http.post(f"{self.url}/retrieve", json=payload, headers=self.headers, timeout=timeout_s)
         resp.raise_for_status()
-        try:
-            body = resp.json()
-        except ValueError as exc:
-            raise SourceResponseError(f"retrieval answer is not JSON: {resp.text[:80]!r}") from exc
-        return parse_retrieve_response(body, len(queries))
+        return parse_retrieve_response(_json(resp, "retrieval answer"), len(queries))
 
     async def fingerprint(self, http: httpx.AsyncClient, timeout_s: float) -> str:
         """The index's fingerprint from GET /health (a server without /health: `health_fingerprint({})`)."""
@@ -121,10 +117,7 @@ class LocalSource(Source):
         if resp.status_code == 404:
             return health_fingerprint({})
         resp.raise_for_status()
-        try:
-            body = resp.json()
-        except ValueError as exc:
-            raise SourceResponseError(f"retrieval /health answer is not JSON: {resp.text[:80]!r}") from exc
+        body = _json(resp, "retrieval /health answer")
         return health_fingerprint(body if isinstance(body, dict) else {})
 
     async def documents(
@@ -133,11 +126,7 @@ class LocalSource(Source):
         payload = {"ids": list(ids), "page": int(page)}
         resp = await http.post(f"{self.url}/documents", json=payload, headers=self.headers, timeout=timeout_s)
         resp.raise_for_status()
-        try:
-            body = resp.json()
-        except ValueError as exc:
-            raise SourceResponseError(f"documents answer is not JSON: {resp.text[:80]!r}") from exc
-        return parse_documents_response(body, list(ids))
+        return parse_documents_response(_json(resp, "documents answer"), list(ids))
 
     async def healthy(self, http: httpx.AsyncClient, timeout_s: float) -> bool:
         try:
@@ -145,3 +134,11 @@ class LocalSource(Source):
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
+
+
+def _json(resp: httpx.Response, what: str):
+    """The response's JSON body; SourceResponseError naming `what` when it is not JSON."""
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise SourceResponseError(f"{what} is not JSON: {resp.text[:80]!r}") from exc
