@@ -34,6 +34,8 @@ Non-tensors (`batch.non_tensor_batch`, numpy object arrays of length B):
     response_text   str             decoded response (policy and observation text)
     segments        list[(role, text)]  role "policy" | "observation", in order; joins to response_text
     n_searches, n_turns  int
+    n_opens, n_pages_read  int       documents opened / pages read by the `open` tool (runs with rollout.tools
+                                    holding open: rollout/tools/open.py)
     finish_reason   str             one of FINISH_REASONS: "answer" | "eos" | "max_turns" | "length" | "stop"
     search_failed   bool            a search failed for an outage reason (timeout, connection, 5xx): with
                                     retriever.breaker.drop_failed the driver zeroes the row's loss_mask

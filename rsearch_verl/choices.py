@@ -10,6 +10,7 @@ that it implements exactly what is declared here, so a name or an argument canno
     rollout.prompt_variant              PROMPT_VARIANTS  rsearch_verl/rollout/protocols/ (build_prompt)
     rollout.protocol, .protocol_kwargs  PROTOCOL_KWARGS  rsearch_verl/rollout/protocols/ (the constructor's parameters)
     reward.name, reward.kwargs          REWARD_KWARGS    rsearch_verl/rewards/ (the function's keyword-only parameters)
+    rollout.tools                       TOOL_NAMES       rsearch_verl/rollout/tools/ (or a `pkg.module:Class` plug-in)
 
     check_parameters(PROTOCOL_KWARGS, "protocol", "nl_dag", ["tools", "max_nodes"])   # TypeError on any difference
 """
@@ -27,6 +28,9 @@ HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 ROUND_TRIP_CHECKS = ("auto", "on", "off")  # rollout.round_trip_check (rsearch_verl/rollout/round_trip.py)
 # a protocol's prompt variants: a string for base models, chat messages for instruct models
 PROMPT_VARIANTS = ("base", "instruct")
+
+# rollout.tools: the built-in tools (rsearch_verl/rollout/tools/; a plug-in is named `pkg.module:Class`)
+TOOL_NAMES = ("open", "search")
 
 # rollout.protocol -> the rollout.protocol_kwargs it accepts (its constructor's parameters, in order)
 PROTOCOL_KWARGS: dict[str, tuple[str, ...]] = {

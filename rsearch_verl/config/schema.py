@@ -128,6 +128,9 @@ class RolloutConfig(ConfigNode):
     engine: str = "hf"  # 'hf' | 'vllm'
     protocol: str = "search_r1"  # a module in rsearch_verl/rollout/protocols/
     protocol_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. nl_dag: {tools: {Wiki: local}, max_nodes: 8}
+    # the policy's tools (rsearch_verl/rollout/tools/, docs/research_agents.md): search (always), open (whole documents,
+    # one page of the retrieval server's --page-tokens at a time), or a plug-in `pkg.module:Class`
+    tools: list[str] = field(default_factory=lambda: ["search"])
     prompt_variant: str = "base"  # 'base' | 'instruct' (chat messages); model.use_chat_template forces 'instruct'
     n: int = 1  # samples per prompt (GRPO group size)
     temperature: float = 1.0  # > 0; actor and reference log-probs are taken at logits / temperature too

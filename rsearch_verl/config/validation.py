@@ -22,6 +22,7 @@ from rsearch_verl.choices import (
     PROTOCOL_KWARGS,
     REWARD_KWARGS,
     ROUND_TRIP_CHECKS,
+    TOOL_NAMES,
 )
 from rsearch_verl.config.context import check_context
 from rsearch_verl.config.schema import (
@@ -111,6 +112,7 @@ def _validate_names(cfg: RSearchConfig) -> None:
     _one_of(cfg.model.thinking, (None, True, False), "model.thinking")
     _one_of(cfg.rollout.round_trip_check, ROUND_TRIP_CHECKS, "rollout.round_trip_check")
     _validate_protocol(cfg.rollout.protocol, dict(cfg.rollout.protocol_kwargs))
+    _validate_tools(list(cfg.rollout.tools))
     _validate_reward(cfg.reward.name, dict(cfg.reward.kwargs))
 
 
@@ -119,6 +121,22 @@ def _validate_protocol(name: str, kwargs: dict[str, Any]) -> None:
     accepted = list(PROTOCOL_KWARGS[name])
     unknown = sorted(set(kwargs) - set(accepted))
     _check(not unknown, "rollout.protocol_kwargs", f"{name} takes no {unknown}; it accepts {accepted}")
+
+
+def _validate_tools(names: list[str]) -> None:
+    """`rollout.tools`: built-in names or plug-in import paths (the module must exist), `search` among them, no name
+    twice (a plug-in's own tool name is checked when the rollout builds it: rsearch_verl/rollout/tools/base.py)."""
+    _check(all(isinstance(n, str) for n in names), "rollout.tools", f"must be a list of names, got {names!r}")
+    for name in names:
+        if is_import_path(name):
+            try:
+                check_import_path(name, "rollout.tools")
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+        else:
+            _one_of(name, TOOL_NAMES, "rollout.tools")
+    _check("search" in names, "rollout.tools", f"every protocol searches: 'search' must be one of {names}")
+    _check(len(set(names)) == len(names), "rollout.tools", f"a tool is listed twice in {names}")
 
 
 def _validate_reward(name: str, kwargs: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """Search-aware multi-turn rollout: one asynchronous agent loop per trajectory, token-in / token-out.
 
 Each trajectory runs on its own: generate until a protocol stop string or EOS, decode ONLY the new turn's tokens
-to parse the action, run the search, append the observation's token ids with response_mask 0, continue — up to
-`rollout.max_turns` turns and `rollout.max_response_length` response tokens (observations included). Trajectories
+to parse the action, run the search (or another tool of `rollout.tools`: rsearch_verl/rollout/tools/), append the
+observation's token ids with response_mask 0, continue — up to `rollout.max_turns` turns and
+`rollout.max_response_length` response tokens (observations included). Trajectories
 never wait for each other: while one searches, the engine batches the others' generation. The sampled token ids
 are exactly the ones trained (nothing is re-tokenised), so a `<information>` block the policy forges itself is
 sampled text with mask 1. Where the engine is called and returns, and where an observation's ids are made, the
@@ -58,18 +59,35 @@ TRUNCATION_MARKER = "...[truncated]"
 
 
 class CountingSearch:
-    """Wraps a SearchFn to count failures and time calls (the protocol turns failures into observations)."""
+    """Wraps a SearchFn to count failures and time calls (the protocol turns failures into observations); its
+    `documents` (the `open` tool's whole-document pages, rsearch_verl/rollout/tools/open.py) go to the wrapped
+    function's `documents`, counted the same way, and count the pages read."""
 
     def __init__(self, search: SearchFn):
         self.search = search
         self.errors = 0
         self.outages = 0
         self.seconds = 0.0
+        self.pages = 0  # document pages `documents` returned
 
     async def __call__(self, queries: list[str], topk: int, source: str = "local"):
+        return await self._counted(self.search(queries, topk, source))
+
+    async def documents(self, ids: list[str], page: int = 0, source: str = "local"):
+        """Page `page` (0-based) of each document (SearchClient.documents, behind the circuit breaker when there is
+        one); SearchError("config") when the wrapped search serves no documents (a plain SearchFn)."""
+        fn = getattr(self.search, "documents", None)
+        if fn is None:
+            self.errors += 1
+            raise SearchError("config", "this search backend serves no documents")
+        pages = await self._counted(fn(ids, page, source))
+        self.pages += len(pages)
+        return pages
+
+    async def _counted(self, call):
         start = time.perf_counter()
         try:
-            return await self.search(queries, topk, source)
+            return await call
         except SearchError as err:
             self.errors += 1
             self.outages += int(err.outage)
@@ -79,7 +97,7 @@ class CountingSearch:
 
     def reset(self) -> None:
         """A new window (the trajectory stream's, one per training step)."""
-        self.errors, self.outages, self.seconds = 0, 0, 0.0
+        self.errors, self.outages, self.seconds, self.pages = 0, 0, 0.0, 0
 
 
 def observation_ids(tokenizer, text: str, limit: int, close_tag: str) -> tuple[list[int], str]:
@@ -158,7 +176,7 @@ async def run_trajectory(
             traj.finish_reason = "answer"
             break
         ends_call = out.finish_reason == "stop" or (out.finish_reason == "eos" and protocol.eos_ends_call)
-        if action.kind not in ("search", "invalid") or not ends_call:
+        if action.kind not in ("search", "tool", "invalid") or not ends_call:
             traj.finish_reason = _engine_finish(out, by_context)
             break
         if turn == rc.max_turns - 1:  # no turn left to read the results: do not search for nothing
@@ -168,6 +186,7 @@ async def run_trajectory(
         obs = await protocol.observe(action, counted, cfg.retriever.topk)
         traj.turn_timing[-1]["search_s"] = time.perf_counter() - start
         traj.n_searches += int(action.kind == "search")
+        traj.n_opens += int(action.kind == "tool" and action.tool == "open")
         obs_room = window.obs_room(traj)
         obs_ids, obs_text = observation_ids(
             tokenizer, obs, min(rc.max_obs_length, obs_room), protocol.observation_close
@@ -179,6 +198,7 @@ async def run_trajectory(
             traj.finish_reason = "length"
             break
     traj.n_search_errors, traj.n_search_outages = counted.errors, counted.outages
+    traj.n_pages_read = counted.pages
     return traj
 
 

@@ -8,8 +8,9 @@ rows, `record` keeps what crossed the engine boundary, copied where it crossed (
 the reference the token round trip checks the batch against.
 
 `rows_to_batch` turns trajectories into the rollout keys of rsearch_verl/batch.py, one row per segment: tensors from
-the rows, trajectory-level non-tensors (the whole response text and segments, searches, turns, finish reason, the
-context statistics) repeated on each of its rows, plus `traj_id`, `segment_index` and `last_segment`.
+the rows, trajectory-level non-tensors (the whole response text and segments, searches, opens and pages read, turns,
+finish reason, the context statistics) repeated on each of its rows, plus `traj_id`, `segment_index` and
+`last_segment`.
 
     traj = Trajectory(prompt_ids)
     traj.add(ids, 1, logprobs, "policy", text, versions)       # appends to the current row
@@ -37,6 +38,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)  # the history as generated (what drop_observations rebuilds)
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("policy" | "observation", text): all rows
     n_searches: int = 0
+    n_opens: int = 0  # calls of the `open` tool (rollout.tools)
+    n_pages_read: int = 0  # document pages those calls returned
     n_search_errors: int = 0  # searches that failed for good (after retries); each became an error observation
     n_search_outages: int = 0  # of those, failures of the backend (timeout, connection, 5xx): not the policy's doing
     n_turns: int = 0
@@ -143,6 +146,8 @@ def rows_to_batch(trajs: list[Trajectory], non_tensors: dict[str, np.ndarray], p
         "response_text": [t.response_text for t in trajs],
         "segments": [t.segments for t in trajs],
         "n_searches": [t.n_searches for t in trajs],
+        "n_opens": [t.n_opens for t in trajs],
+        "n_pages_read": [t.n_pages_read for t in trajs],
         "n_turns": [t.n_turns for t in trajs],
         "finish_reason": [t.finish_reason for t in trajs],
         "search_failed": [t.n_search_outages > 0 for t in trajs],

@@ -16,6 +16,7 @@ Failures before the breaker opens still become error observations; the agent loo
 
     breaker = CircuitBreaker(client, cfg.retriever.breaker, probe=client.healthy, where=cfg.retriever.url)
     docs = await breaker(["query"], 3, "local")
+    pages = await breaker.documents(["doc7"], 0, "local")   # whole-document pages (the open tool), held the same way
     breaker.metrics(reset=True)     # {"search/breaker_trips": ..., "search/breaker_wait_s": ...}
 """
 
@@ -26,13 +27,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from rsearch_verl import signals as sig
 from rsearch_verl.config import BreakerConfig
 from rsearch_verl.search.client import SearchError
-from rsearch_verl.search.types import Doc, SearchFn
+from rsearch_verl.search.types import Doc, DocumentPage, SearchFn
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RetrieverDownError(RuntimeError):
@@ -57,11 +60,21 @@ class CircuitBreaker:
         self._counts = {"trips": 0, "wait_s": 0.0}
 
     async def __call__(self, queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
+        return await self._guarded(lambda: self.search(queries, topk, source), source)
+
+    async def documents(self, ids: list[str], page: int = 0, source: str = "local") -> list[DocumentPage]:
+        """The wrapped client's `documents` (the `open` tool's pages), held during an outage like a search."""
+        fn = getattr(self.search, "documents", None)
+        if fn is None:
+            raise SearchError("config", "this search backend serves no documents")
+        return await self._guarded(lambda: fn(ids, page, source), source)
+
+    async def _guarded(self, call: Callable[[], Awaitable[T]], source: str) -> T:
         while True:
             if self.opened_at is not None:
                 await self._wait_for_retriever(source)
             try:
-                docs = await self.search(queries, topk, source)
+                docs = await call()
             except SearchError as err:
                 if not err.outage:
                     raise

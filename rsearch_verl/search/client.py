@@ -23,6 +23,7 @@ the replay store first; a miss raises `SearchError("replay_miss")` or goes live,
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import random
@@ -35,6 +36,7 @@ from typing import TypeVar
 import httpx
 import numpy as np
 
+from rsearch_verl import signals as sig
 from rsearch_verl.config.schema import RetrieverConfig
 from rsearch_verl.search.cache import SearchCache
 from rsearch_verl.search.replay import NO_INDEX, RecordReplay
@@ -110,6 +112,30 @@ class _Pending:
     futures: list[asyncio.Future] = field(default_factory=list)
 
 
+# the sources `default_sources` may make, and where calls to any other go: every rollout worker reports the same
+# `search/calls/<source>` keys whatever it was asked (the driver's DataProto.concat requires one key set)
+KNOWN_SOURCES = ("local", "arxiv", "web", "news")
+OTHER_SOURCE = "other"
+
+
+@dataclass
+class _Cost:
+    """One window of cost accounting: seconds inside the client's calls and calls per source."""
+
+    seconds: float = 0.0
+    calls: collections.Counter = field(default_factory=collections.Counter)
+
+    def metrics(self, kind: str, reset: bool, sources: list[str]) -> dict[str, float]:
+        """`kind/cost_s` and `kind/calls/<source>` for each of `sources` and OTHER_SOURCE (0 when not called)."""
+        calls = dict.fromkeys([*sources, OTHER_SOURCE], 0.0)
+        for source, n in self.calls.items():
+            calls[source if source in calls else OTHER_SOURCE] += n
+        out = {sig.cost_s(kind): self.seconds, **{sig.calls_of(kind, s): n for s, n in calls.items()}}
+        if reset:
+            self.seconds, self.calls = 0.0, collections.Counter()
+        return out
+
+
 def _classify(exc: Exception) -> tuple[SearchError, bool]:
     """(the SearchError to raise, whether the failure is worth retrying)."""
     if isinstance(exc, httpx.TimeoutException):
@@ -157,6 +183,9 @@ class SearchClient:
         self._latencies: deque[float] = deque(maxlen=10_000)
         self._counts = {"calls": 0, "queries": 0, "requests": 0, "errors": 0, "retries": 0, "cache_hits": 0}
         self._doc_counts = {"calls": 0, "requests": 0, "errors": 0, "retries": 0}  # documents(): its own counters
+        # cost accounting: seconds inside calls (summed over concurrent calls) and calls per source, per window
+        self._cost = _Cost()
+        self._doc_cost = _Cost()
 
     # ---- public API -------------------------------------------------------------------------------------------
     async def __call__(self, queries: list[str], topk: int, source: str = "local") -> list[list[Doc]]:
@@ -164,6 +193,7 @@ class SearchClient:
             raise ValueError(f"topk must be >= 1, got {topk}")
         self._counts["calls"] += 1
         self._counts["queries"] += len(queries)
+        self._cost.calls[source] += 1
         rr = self.record_replay
         if source not in self.sources and (rr is None or rr.replay is None):  # a replay store may know the source
             self._counts["errors"] += 1
@@ -193,13 +223,16 @@ class SearchClient:
             raise
         finally:
             self._latencies.append(time.perf_counter() - start)
+            self._cost.seconds += self._latencies[-1]
         return results  # type: ignore[return-value]
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """Counters (calls, queries, HTTP requests, errors, retries, cache hits; with record / replay also replay
-        hits and misses, entries recorded and in the store) and call latency percentiles in seconds over the last 10k
-        calls; `reset=True` starts a new window (per-step logging)."""
+        hits and misses of searches and documents() alike, entries recorded and in the store), the cost
+        (`search/cost_s`: seconds inside search calls, summed over concurrent ones; `search/calls/<source>`) and call
+        latency percentiles in seconds over the last 10k calls; `reset=True` starts a new window (per-step logging)."""
         out = {f"search/{k}": float(v) for k, v in self._counts.items()}
+        out.update(self._cost.metrics("search", reset, self._cost_sources()))
         if self.record_replay is not None:
             out.update(self.record_replay.metrics(reset))
         lat = np.asarray(self._latencies, dtype=float)
@@ -215,31 +248,31 @@ class SearchClient:
         page size: its --page-tokens). Same timeout, bounded retries (timeouts, connection errors, 5xx / 429) and
         errors as a search: SearchError `http_404` for an unknown id, `http_422` for a page past a document's end or
         a request the server refuses, `timeout` / `connection` / `http_5xx` once the retries are spent, `config` for
-        a source without documents; SearchAuthError on 401 / 403. Not cached and not coalesced."""
+        a source without documents; SearchAuthError on 401 / 403. Not cached and not coalesced. Recorded and replayed
+        like a search (`{"tool": "open", ...}` keys), a replay miss raising SearchError("replay_miss") the same way."""
         if not ids or page < 0:
             raise ValueError(f"documents() needs at least one id and a page >= 0, got {len(ids)} ids, page {page}")
         self._doc_counts["calls"] += 1
-        if source not in self.sources:
+        self._doc_cost.calls[source] += 1
+        rr = self.record_replay
+        if source not in self.sources and (rr is None or rr.replay is None):
             self._doc_counts["errors"] += 1
             raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
-        src = self.sources[source]
         self._bind_loop()
-
-        def call() -> Awaitable[list[DocumentPage]]:
-            return src.documents(self._http, list(ids), int(page), self.cfg.timeout_s)
-
+        start = time.perf_counter()
         try:
-            return await self._with_retries(src, call, self._doc_counts, "documents")
-        except NotImplementedError as exc:
-            self._doc_counts["errors"] += 1
-            raise SearchError("config", str(exc)) from exc
+            return await self._documents(source, list(ids), int(page))
         except SearchError:
             self._doc_counts["errors"] += 1
             raise
+        finally:
+            self._doc_cost.seconds += time.perf_counter() - start
 
     def document_metrics(self, reset: bool = False) -> dict[str, float]:
-        """`documents()`'s counters (calls, HTTP requests, errors, retries), kept apart from the searches' metrics."""
+        """`documents()`'s counters (calls, HTTP requests, errors, retries) and cost (`documents/cost_s`,
+        `documents/calls/<source>`), kept apart from the searches' metrics (its replay hits / misses are theirs)."""
         out = {f"documents/{k}": float(v) for k, v in self._doc_counts.items()}
+        out.update(self._doc_cost.metrics("documents", reset, self._cost_sources()))
         if reset:
             self._doc_counts = dict.fromkeys(self._doc_counts, 0)
         return out
@@ -257,6 +290,9 @@ class SearchClient:
             await http.aclose()
 
     # ---- internals --------------------------------------------------------------------------------------------
+    def _cost_sources(self) -> list[str]:
+        return sorted({*self.sources, *KNOWN_SOURCES} - {OTHER_SOURCE})
+
     def _replayed(
         self, source: str, topk: int, queries: list[str], todo: list[int], results: list[list[Doc] | None]
     ) -> list[int]:
@@ -279,6 +315,44 @@ class SearchClient:
                 "(retriever.replay_miss=error)",
             )
         return missing
+
+    async def _documents(self, source: str, ids: list[str], page: int) -> list[DocumentPage]:
+        """The pages from the replay store where it has them, the rest from the live source (recorded)."""
+        rr = self.record_replay
+        pages: list[DocumentPage | None] = [None] * len(ids)
+        if rr is not None and rr.replay is not None:
+            pages = rr.lookup_pages(source, page, ids)
+        todo = [i for i, p in enumerate(pages) if p is None]
+        if todo and rr is not None and rr.replay is not None and not rr.live_misses:
+            raise SearchError(
+                "replay_miss",
+                f"{len(todo)} of {len(ids)} documents (page={page}, source={source}) are not in {rr.where} "
+                "(retriever.replay_miss=error)",
+            )
+        if todo:
+            fetched = await self._pages_live(source, [ids[i] for i in todo], page)
+            for i, fetched_page in zip(todo, fetched, strict=True):
+                pages[i] = fetched_page
+        return pages  # type: ignore[return-value]
+
+    async def _pages_live(self, source: str, ids: list[str], page: int) -> list[DocumentPage]:
+        """POST /documents of the live source with retries; with record / replay pinned first, recorded after."""
+        if source not in self.sources:
+            raise SearchError("config", f"unknown search source {source!r}; known: {sorted(self.sources)}")
+        src, rr = self.sources[source], self.record_replay
+
+        def call() -> Awaitable[list[DocumentPage]]:
+            return src.documents(self._http, ids, page, self.cfg.timeout_s)
+
+        if rr is not None:
+            await rr.ensure_pinned(self._index_fingerprint)
+        try:
+            fetched = await self._with_retries(src, call, self._doc_counts, "documents")
+        except NotImplementedError as exc:
+            raise SearchError("config", str(exc)) from exc
+        if rr is not None:
+            await rr.record_pages(source, page, ids, fetched)
+        return fetched
 
     async def _fetch_live(self, source: str, queries: list[str], topk: int) -> list[list[Doc]]:
         """`_fetch` from the real source; with record / replay pinned to its index first, and recorded after."""

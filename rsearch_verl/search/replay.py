@@ -4,18 +4,22 @@
     retriever.replay=/shared/nq.sqlite retriever.replay_miss=error   # answered from the store only; no retriever
     retriever.replay=A retriever.replay_miss=live [retriever.record=A]  # misses go live (and are recorded)
 
-A search is keyed `{"tool": "search", "source", "index", "topk", "query"}`, `index` the fingerprint of the index the
-store is pinned to (retrieval_server/fingerprint.py, reported by GET /health). Pinning: a store records against one
-index. Before the first live search a recording (or live-missing) client asks the local retriever for its fingerprint
-and pins every store it uses to it; a store pinned to another index raises `StoreMismatchError`, naming both, instead
-of mixing two indexes' results. A replay-only client (replay_miss=error) takes the fingerprint from the store itself
-and makes no network call at all. A source with no index of its own (web APIs) is keyed by the same pinned
-fingerprint, so a store is one run's view of the world.
+A search is keyed `{"tool": "search", "source", "index", "topk", "query"}`, a page of a whole document
+(`SearchClient.documents`, the `open` tool) `{"tool": "open", "source", "index", "id", "page"}`; `index` is the
+fingerprint of the index the store is pinned to (retrieval_server/fingerprint.py, reported by GET /health). Pinning: a
+store records against one index. Before the first live search a recording (or live-missing) client asks the local
+retriever for its fingerprint and pins every store it uses to it; a store pinned to another index raises
+`StoreMismatchError`, naming both, instead of mixing two indexes' results (a run stops on it, like on a rejected
+credential: rsearch_verl/trainer/run_control.py). A replay-only client (replay_miss=error) takes the fingerprint from
+the store itself and makes no network call at all. A source with no index of its own (web APIs) is keyed by the same
+pinned fingerprint, so a store is one run's view of the world.
 
     rr = RecordReplay(cfg.retriever)
     hits = rr.lookup("local", 3, ["q1", "q2"])          # [list[Doc] | None, ...]
     await rr.ensure_pinned(live_fingerprint)            # before a live search (record or replay_miss=live)
     await rr.record("local", 3, ["q2"], [docs])         # one transaction, on the store's writer thread
+    pages = rr.lookup_pages("local", 0, ["doc7"])       # [DocumentPage | None, ...]
+    await rr.record_pages("local", 0, ["doc7"], pages)  # the same for documents()
     rr.metrics(reset=True)   # search/replay_hits, search/replay_misses, search/record_writes, search/store_entries
 """
 
@@ -31,7 +35,7 @@ from typing import TypeVar
 
 from rsearch_verl.config.schema import RetrieverConfig
 from rsearch_verl.search.store import ResultStore, check_fingerprint, on_network_filesystem
-from rsearch_verl.search.types import Doc
+from rsearch_verl.search.types import Doc, DocumentPage
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +50,11 @@ STORE_ENTRIES = "search/store_entries"
 def search_key(fingerprint: str | None, source: str, topk: int, query: str) -> dict:
     """The store key of one search (the store itself does not care what a key holds)."""
     return {"tool": "search", "source": source, "index": fingerprint, "topk": int(topk), "query": query}
+
+
+def page_key(fingerprint: str | None, source: str, doc_id: str, page: int) -> dict:
+    """The store key of one page of one whole document (`SearchClient.documents`, the `open` tool)."""
+    return {"tool": "open", "source": source, "index": fingerprint, "id": doc_id, "page": int(page)}
 
 
 def docs_to_json(docs: list[Doc]) -> list[dict]:
@@ -101,19 +110,26 @@ class RecordReplay:
 
     def lookup(self, source: str, topk: int, queries: list[str]) -> list[list[Doc] | None]:
         """The replayed result of each query (None: a miss); counts hits and misses."""
+        found = self._lookup(lambda fp: [search_key(fp, source, topk, q) for q in queries])
+        return [docs_from_json(rows) if rows is not None else None for rows in found]
+
+    def lookup_pages(self, source: str, page: int, ids: list[str]) -> list[DocumentPage | None]:
+        """The replayed page `page` of each document in `ids` (None: a miss); counted like searches."""
+        found = self._lookup(lambda fp: [page_key(fp, source, i, page) for i in ids])
+        return [DocumentPage(**row) if row is not None else None for row in found]
+
+    def _lookup(self, keys: Callable[[str | None], list[dict]]) -> list:
+        """The stored result of each of `keys(fingerprint)` (None: a miss), counted in the replay hits / misses."""
         if self.replay is None:
-            return [None] * len(queries)
+            return [None] * len(keys(self.fingerprint))
         if self.fingerprint is None:  # an empty store until now: another process may have pinned it since
             self.fingerprint = self.replay.fingerprint
-        if self.fingerprint is None:
-            found: list = [None] * len(queries)
-        else:
-            found = self.replay.get_many([search_key(self.fingerprint, source, topk, q) for q in queries])
-        out = [docs_from_json(rows) if rows is not None else None for rows in found]
-        hits = sum(docs is not None for docs in out)
+        requests = keys(self.fingerprint)
+        found = self.replay.get_many(requests) if self.fingerprint is not None else [None] * len(requests)
+        hits = sum(row is not None for row in found)
         self._counts[REPLAY_HITS] += hits
-        self._counts[REPLAY_MISSES] += len(out) - hits
-        return out
+        self._counts[REPLAY_MISSES] += len(found) - hits
+        return found
 
     async def ensure_pinned(self, live_fingerprint: Callable[[], Awaitable[str]]) -> None:
         """Once per client, before its first live search: pin the record store to the live index's fingerprint and
@@ -137,13 +153,17 @@ class RecordReplay:
 
     async def record(self, source: str, topk: int, queries: list[str], results: list[list[Doc]]) -> None:
         """Write each (query, result) the record store lacks, in one transaction on the writer thread."""
-        if self.store is None:
-            return
-        items = [
-            (search_key(self.fingerprint, source, topk, q), docs_to_json(docs))
-            for q, docs in zip(queries, results, strict=True)
-        ]
-        self._counts[RECORD_WRITES] += await self._in_writer(self.store.put_many, items)
+        keys = [search_key(self.fingerprint, source, topk, q) for q in queries]
+        await self._put(zip(keys, [docs_to_json(docs) for docs in results], strict=True))
+
+    async def record_pages(self, source: str, page: int, ids: list[str], pages: list[DocumentPage]) -> None:
+        """Write each document page the record store lacks (one transaction), keyed by the id asked for."""
+        keys = [page_key(self.fingerprint, source, i, page) for i in ids]
+        await self._put(zip(keys, [dataclasses.asdict(p) for p in pages], strict=True))
+
+    async def _put(self, items) -> None:
+        if self.store is not None:
+            self._counts[RECORD_WRITES] += await self._in_writer(self.store.put_many, list(items))
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """Hits, misses and new entries written since the last reset, and the entries now in the store."""

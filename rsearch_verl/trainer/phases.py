@@ -174,6 +174,9 @@ def rollout_metrics(batch: DataProto) -> dict[str, float]:
     for reason in FINISH_REASONS:
         out[f"rollout/finish_{reason}"] = float(np.mean([r == reason for r in nt["finish_reason"][last]]))
     out.update(context_metrics(nt, last))
+    if "n_opens" in nt:  # the open tool (rollout.tools); 0 in runs without it
+        out["rollout/opens_mean"] = float(np.mean(nt["n_opens"][last].astype(float)))
+        out["rollout/pages_read_mean"] = float(np.mean(nt["n_pages_read"][last].astype(float)))
     return out
 
 
@@ -201,7 +204,8 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
     and per data source: a 2-hop question needs two). One entry per trajectory (its last row)."""
     nt = batch.non_tensor_batch
     last = batch_keys.last_rows(nt)
-    nt = {key: nt[key][last] for key in ("answer", "ground_truth", "n_searches", "reward", "data_source")}
+    keys = ("answer", "ground_truth", "n_searches", "reward", "data_source", "n_opens")
+    nt = {key: nt[key][last] for key in keys if key in nt}
     answers = [a or "" for a in nt["answer"]]
     em = np.array([exact_match(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
     f1 = np.array([f1_score(a, list(g)) for a, g in zip(answers, nt["ground_truth"], strict=True)], dtype=float)
@@ -212,6 +216,8 @@ def validation_metrics(batch: DataProto) -> dict[str, float]:
         "val/reward": float(np.mean(nt["reward"].astype(float))),
         "val/searches_mean": float(np.mean(searches)),
     }
+    if "n_opens" in nt:
+        metrics["val/opens_mean"] = float(np.mean(nt["n_opens"].astype(float)))
     sources = nt["data_source"]
     for source in sorted(set(sources)):
         sel = sources == source

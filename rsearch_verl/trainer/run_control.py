@@ -7,8 +7,9 @@ applied step) is already up to date when the decision comes back, so a checkpoin
 After every step the watchdog judges its metrics: a healthy step's update counts (`done_step`, decision `Continue`);
 a tripped one is rolled back to the last complete checkpoint at a lower lr (`RollbackTo`), and its row is never logged
 (its trips and retriever outage counts go to the next row). What the run cannot continue from safely (rollbacks used
-up or nothing to roll back to; an error: the retriever gone past its deadline, a rejected credential, a dead Ray
-worker) is a `Stop` whose message says what to do; an outage checkpoints the last applied update first.
+up or nothing to roll back to; an error: the retriever gone past its deadline, a rejected credential, a record /
+replay store of another index, a dead Ray worker) is a `Stop` whose message says what to do; an outage checkpoints
+the last applied update first.
 
     control = RunControl(ckpts, health, cfg.trainer.watchdog, supervisor)
     with control.supervised(step):                # the retriever checked before, watched during
@@ -32,6 +33,7 @@ from rsearch_verl import signals as sig
 from rsearch_verl.config import WatchdogConfig
 from rsearch_verl.search.breaker import RetrieverDownError
 from rsearch_verl.search.client import SearchAuthError
+from rsearch_verl.search.store import StoreMismatchError
 from rsearch_verl.search.supervisor import RetrieverSupervisor
 from rsearch_verl.trainer.checkpoint import CheckpointManager, step_dir_name
 from rsearch_verl.trainer.health import RunStopped
@@ -165,6 +167,9 @@ class RunControl:
             return self._stop(reason, advice, save_step=self.done_step)
         if isinstance(cause, SearchAuthError):  # a rejected credential: every search would fail the same way
             advice = "Fix the credential, then rerun with the same trainer.run_dir."
+            return self._stop(str(cause).splitlines()[0], advice)
+        if isinstance(cause, StoreMismatchError):  # a store of another index: every live search would mix the two
+            advice = "Point retriever.url at the index the store was recorded from, or record a new store, then rerun."
             return self._stop(str(cause).splitlines()[0], advice)
         if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
             reason = f"a Ray worker died ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"

@@ -148,11 +148,11 @@ class TrainingSession:
         try:
             history = trainer.fit(progress=_progress_bar(cfg.trainer.total_steps, self._stack))
         except RunStopped:
-            self._summarise(trainer.history, trainer.health.summary())
+            self._summarise(trainer.history, trainer.health.summary(), trainer.health.cost.summary())
             raise
-        return self._summarise(history, trainer.health.summary())
+        return self._summarise(history, trainer.health.summary(), trainer.health.cost.summary())
 
-    def _summarise(self, history: list[dict], health: dict) -> dict:
+    def _summarise(self, history: list[dict], health: dict, search_cost: dict) -> dict:
         vals = [row for row in history if "val/em" in row]
         summary = {"run_dir": self.run_dir, "steps": self.recipe_cfg.trainer.total_steps}
         if vals:
@@ -169,6 +169,7 @@ class TrainingSession:
             summary["warm_start"] = {k: report[k] for k in ("seed", "epochs", "greedy")}
             summary["warm_start"]["probe"] = report["probes"][-1]
         summary["health"] = health
+        summary["search_cost"] = search_cost  # seconds in search calls and calls per source (health/report.py)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         logger.info("summary: %s", json.dumps(summary))

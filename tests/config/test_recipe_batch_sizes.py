@@ -2,8 +2,9 @@
 
 Every recipe x {3B instruct, 7B base} x {one 8-GPU node, two nodes} composes with rollout=vllm, validates, and gets
 its own numbers (recipes/batch/<recipe>_gpu_1x8.yaml; the trainer group sets none), not the model's. The Qwen3 and
-Llama 3 model groups compose with every recipe on the GPU and CPU trainer groups (hub names: composed and validated,
-never loaded), their tiny stand-ins (model=tiny_qwen3 / tiny_llama3) on the CPU ones.
+Llama 3 model groups, and Qwen3.5 / 3.6's (hybrids: padded, not packed, micro-batches on the GPU groups), compose with
+every recipe on the GPU and CPU trainer groups (hub names: composed and validated, never loaded), their tiny stand-ins
+(model=tiny_qwen3 / tiny_llama3 / tiny_qwen3_5 / tiny_qwen3_6_moe) on the CPU ones.
 
     .venv/bin/python -m pytest -q tests/config/test_recipe_batch_sizes.py
 """
@@ -145,8 +146,15 @@ FAMILY_GROUPS = {
     "qwen3_8b": ("qwen3", 1e-6),
     "llama3_2_3b_instruct": ("llama3", 1e-6),
     "llama3_1_8b_instruct": ("llama3", 1e-6),
+    "qwen3_5_4b": ("qwen3_5", 1e-6),
+    "qwen3_5_9b": ("qwen3_5", 1e-6),
+    "qwen3_5_27b": ("qwen3_5", 1e-6),
+    "qwen3_6_35b_a3b": ("qwen3_5_moe", 1e-6),
 }
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Qwen3.5 / 3.6 (hybrids): the Gated DeltaNet projections too
+HYBRID_PROJECTIONS = [*ALL_PROJECTIONS[:4], "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+                      *ALL_PROJECTIONS[4:]]  # fmt: skip
 
 
 @pytest.mark.parametrize("model", sorted(FAMILY_GROUPS))
@@ -159,25 +167,33 @@ def test_family_groups_compose_with_every_recipe_on_gpus_and_cpus(recipe, model)
     prompts, n, mini, micro = PAPER_SIZES[recipe]
     assert (gpu.data.train_batch_size, gpu.rollout.n, gpu.actor.ppo_mini_batch_size) == (prompts, n, mini)
     assert (gpu.model.family, gpu.model.dtype, gpu.actor.optim.lr) == (family, "bfloat16", lr)
-    assert gpu.model.use_chat_template and list(gpu.model.lora_target_modules) == ALL_PROJECTIONS
-    assert gpu.model.thinking is (True if family == "qwen3" else None)
+    hybrid = family.startswith("qwen3_5")
+    lora = HYBRID_PROJECTIONS if hybrid else ALL_PROJECTIONS
+    assert gpu.model.use_chat_template and list(gpu.model.lora_target_modules) == lora
+    assert gpu.model.thinking is (True if family.startswith("qwen3") else None)
+    # hybrids train padded micro-batches (recipes/sizes/<group>_gpu_*.yaml): packing would leak recurrent state
+    assert gpu.actor.use_remove_padding is gpu.critic.use_remove_padding is (not hybrid)
     proto = protocol_for(gpu)  # the family's conventions reach the protocol
     if recipe == "search_r1_toolcall_grpo":
-        assert proto.format.name == ("llama3_json" if family == "llama3" else "hermes")
-    if family == "qwen3":
+        assert proto.format.name == {"llama3": "llama3_json"}.get(family, "qwen3_xml" if hybrid else "hermes")
+    if family.startswith("qwen3"):
         assert proto.chat_template_kwargs == {"enable_thinking": True}
     for trainer in ("cpu", "cpu2"):  # composes and validates; the hub model is never loaded on CPU
         cpu = load_config([f"+recipe={recipe}", f"model={model}", f"trainer={trainer}"])
         assert (cpu.trainer.device, cpu.model.path, cpu.model.family) == ("cpu", gpu.model.path, family)
 
 
-@pytest.mark.parametrize("model", ["tiny_qwen3", "tiny_llama3"])
+TINY_GROUPS = {"tiny_qwen3": "qwen3", "tiny_llama3": "llama3", "tiny_qwen3_5": "qwen3_5",
+               "tiny_qwen3_6_moe": "qwen3_5_moe"}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", sorted(TINY_GROUPS))
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_tiny_family_groups_compose_with_every_recipe_on_cpus(recipe, model):
     """The tiny stand-ins are CPU groups: like model=tiny, their positions cannot hold the GPU groups' responses."""
     for trainer in ("cpu", "cpu2"):
         cfg = load_config([f"+recipe={recipe}", f"model={model}", f"trainer={trainer}"])
-        assert (cfg.model.path, cfg.model.family, cfg.model.sft_checkpoint) == ("tiny", model[5:], None)
+        assert (cfg.model.path, cfg.model.family, cfg.model.sft_checkpoint) == ("tiny", TINY_GROUPS[model], None)
         assert cfg.model.use_chat_template and cfg.prompt_variant == "instruct"
 
 

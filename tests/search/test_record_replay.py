@@ -2,7 +2,9 @@
 
 Two BM25 indexes over different synthetic corpora are built with `retrieval_server.build.build_index` and served by
 the real app (`create_app`) under uvicorn on 127.0.0.1, behind an ASGI wrapper that counts the requests per path, so
-"a replayed run makes no network call" is checked on the server's side. The concurrent-writer test runs two real
+"a replayed run makes no network call" is checked on the server's side. Pages of whole documents (`documents()`, the
+open tool) are recorded and replayed against a real `python -m retrieval_server serve` of a chunked index (the
+long-document fixtures of tests/retrieval/conftest.py, loaded from there). The concurrent-writer test runs two real
 writer processes on one store and SIGKILLs one of them mid-run.
 Run: .venv/bin/python -m pytest -q tests/search/test_record_replay.py
 """
@@ -13,6 +15,7 @@ import asyncio
 import collections
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -30,14 +33,35 @@ from rsearch_verl.rollout.agent_loop import CountingSearch
 from rsearch_verl.rollout.protocols.search_r1 import SearchR1Protocol
 from rsearch_verl.search import SearchClient, SearchError
 from rsearch_verl.search.breaker import CircuitBreaker
-from rsearch_verl.search.replay import RecordReplay, search_key
+from rsearch_verl.search.replay import RecordReplay, page_key, search_key
 from rsearch_verl.search.service import RetrieverService, free_port
+from rsearch_verl.search.sources import Source
 from rsearch_verl.search.store import ResultStore, StoreMismatchError
+from rsearch_verl.search.types import Doc, DocumentPage
 from rsearch_verl.testing.servers import serve_in_thread
 from rsearch_verl.trainer.preflight import PreflightError, check_record_replay, preflight
 
 REPO = Path(__file__).resolve().parents[2]
 N_DOCS = 120
+
+
+def _retrieval_fixtures():
+    """tests/retrieval/conftest.py as a module: its session fixtures (a served chunked index) are reused here."""
+    spec = importlib.util.spec_from_file_location("retrieval_conftest", REPO / "tests" / "retrieval" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_retrieval = _retrieval_fixtures()
+# the fixtures chunked_server needs, by name (pytest finds fixtures among a test module's globals)
+start_server, documents_corpus, chunked_index, chunked_server = (
+    _retrieval.start_server,
+    _retrieval.documents_corpus,
+    _retrieval.chunked_index,
+    _retrieval.chunked_server,
+)
 
 
 class CountingApp:
@@ -266,6 +290,104 @@ def test_metrics_window(tmp_path):
     assert all(asyncio.run(one_batch(i)) == [[]] for i in range(20))
     assert len(rr.store._conns) <= 2  # the writer thread's and this one's: no connection left behind per loop
     rr.close()
+
+
+def _docs_client(url: str, **cfg) -> SearchClient:
+    return _client(url=url, token=_retrieval.DOCS_TOKEN, **cfg)
+
+
+def _pages(client: SearchClient, calls: list[tuple[list[str], int]]):
+    async def go():
+        try:
+            return [await client.documents(ids, page) for ids, page in calls]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_documents_are_recorded_and_replayed(chunked_server, tmp_path):
+    store, fingerprint = tmp_path / "docs.sqlite", chunked_server.health()["fingerprint"]
+    calls = [(["atlas", "short"], 0), (["atlas"], 1), (["borealis", "atlas"], 0)]
+    recorder = _docs_client(chunked_server.url, record=str(store))
+    recorded = _pages(recorder, calls)
+    m = {**recorder.metrics(), **recorder.document_metrics()}
+    assert m["search/record_writes"] == 4 and m["search/store_entries"] == 4  # (atlas, 0) once
+    assert m["documents/requests"] == 3 and m["documents/errors"] == 0
+    with pytest.raises(SearchError) as unknown:  # an error is not recorded
+        _pages(recorder, [(["no-such-doc"], 0)])
+    assert unknown.value.kind == "http_404" and len(ResultStore(str(store))) == 4
+    key = page_key(fingerprint, "local", "atlas", 1)
+    assert key == {"tool": "open", "source": "local", "index": fingerprint, "id": "atlas", "page": 1}
+    assert ResultStore(str(store)).get_many([key]) == [dataclasses.asdict(recorded[1][0])]
+
+    # replay-only, the retriever "down": the same pages in the order asked, no request
+    replayer = _docs_client(f"http://127.0.0.1:{free_port()}", replay=str(store))
+    assert _pages(replayer, [*calls, (["short", "borealis"], 0)]) == [*recorded, [recorded[0][1], recorded[2][0]]]
+    m = {**replayer.metrics(), **replayer.document_metrics()}
+    assert m["search/replay_hits"] == 7 and m["search/replay_misses"] == 0 and m["documents/requests"] == 0
+    with pytest.raises(SearchError) as miss:
+        _pages(replayer, [(["atlas", "borealis"], 2)])  # page 2 of atlas was never opened
+    assert miss.value.kind == "replay_miss" and not miss.value.outage
+    m = {**replayer.metrics(), **replayer.document_metrics()}
+    assert m["search/replay_misses"] == 2 and m["documents/errors"] == 1 and m["documents/requests"] == 0
+
+    # replay_miss=live: only the missing page is asked of the server, and recorded
+    live = _docs_client(chunked_server.url, replay=str(store), record=str(store), replay_miss="live")
+    both = _pages(live, [(["atlas", "borealis"], 1)])[0]
+    assert both[0] == recorded[1][0] and (both[1].id, both[1].page) == ("borealis", 1)
+    m = {**live.metrics(), **live.document_metrics()}
+    assert m["search/replay_hits"] == 1 and m["search/replay_misses"] == 1 and m["search/record_writes"] == 1
+    assert m["documents/requests"] == 1 and m["search/store_entries"] == 5
+
+
+def test_documents_pinned_to_the_index(chunked_server, servers, tmp_path):
+    """A store recorded against another index stops documents() too (StoreMismatchError naming both)."""
+    a, store = servers["a"], tmp_path / "a.sqlite"
+    _record(a, store, a.queries)
+    client = _docs_client(chunked_server.url, replay=str(store), replay_miss="live")
+    with pytest.raises(StoreMismatchError) as info:
+        _pages(client, [(["atlas"], 0)])
+    assert a.fingerprint in str(info.value) and chunked_server.health()["fingerprint"] in str(info.value)
+
+
+class _SlowSource(Source):
+    """A search source answering after `delay_s` (the cost is the time inside the client's calls)."""
+
+    name, batched = "slow", True
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+
+    async def search(self, http, queries, topk, timeout_s):
+        await asyncio.sleep(self.delay_s)
+        return [[Doc(id=q, contents=q, source=self.name)] for q in queries]
+
+    async def documents(self, http, ids, page, timeout_s):
+        await asyncio.sleep(self.delay_s)
+        return [DocumentPage(id=i, contents=i, page=page, pages=1) for i in ids]
+
+
+def test_search_cost_per_source():
+    """search/cost_s sums the seconds inside calls (concurrent ones each count) and calls per source, per window;
+    every known source is reported (0 when not asked) so that every rollout worker reports the same keys."""
+    client = SearchClient(RetrieverConfig(cache=False), {"slow": _SlowSource(0.05)}, coalesce=False)
+
+    async def go():
+        await asyncio.gather(*(client([f"q{i}"], 1, source="slow") for i in range(3)))
+        with pytest.raises(SearchError):  # an unknown source is a call too (and an error)
+            await client(["q"], 1, source="nowhere")
+        await client.documents(["d"], 0, source="slow")
+        await client.aclose()
+
+    asyncio.run(go())
+    m, d = client.metrics(reset=True), client.document_metrics(reset=True)
+    assert 0.15 <= m["search/cost_s"] < 1.0 and m["search/calls/slow"] == 3 and m["search/calls/other"] == 1
+    assert m["search/calls/local"] == 0 and {"search/calls/arxiv", "search/calls/web"} <= m.keys()
+    assert 0.05 <= d["documents/cost_s"] < 0.5 and d["documents/calls/slow"] == 1
+    again = client.metrics()
+    assert again["search/cost_s"] == 0 and again["search/calls/slow"] == 0  # a new window
+    assert again.keys() == m.keys()
 
 
 WRITER = """

@@ -86,3 +86,41 @@ def test_every_signal_run_health_reads_is_written():
     read = {sig.LOGPROB_GAP, sig.FINISH_ANSWER, sig.ENTROPY_MC, sig.RESPONSE_LEN, sig.ROLLBACKS}
     read |= {*set(sig.FINITE) - WORKERS_ONLY, *COUNTED, *sig.CARRIED_OVER_ROLLBACK}
     assert not read - written.keys(), f"read but never written: {sorted(read - written.keys())}"
+
+
+def test_the_search_cost_summary_sums_what_the_client_writes():
+    """summary.json's `search_cost` sums the search client's own cost metrics (written by a real SearchClient here)
+    over every row, training steps and validations alike, and survives a checkpoint (a resumed run reports it all)."""
+    import asyncio
+
+    from rsearch_verl.search import SearchClient
+
+    class Fake:
+        name, batched, secret_env, where = "local", True, "", ""
+
+        async def search(self, http, queries, topk, timeout_s):
+            return [[] for _ in queries]
+
+    client = SearchClient(RetrieverConfig(cache=False), {"local": Fake()}, coalesce=False)
+
+    async def step(n: int) -> dict[str, float]:
+        for _ in range(n):
+            await client(["q"], 1)
+        await client.aclose()
+        return {**client.metrics(reset=True), **client.document_metrics(reset=True)}
+
+    rows = [asyncio.run(step(n)) for n in (3, 2)]
+    assert {sig.cost_s(kind) for kind in sig.COST_KINDS} <= rows[0].keys()
+    assert sig.calls_of("search", "local") in rows[0] and sig.requests_of("search") in rows[0]
+    health = RunHealth()
+    for row in rows:
+        health.add_step(row)
+    again = RunHealth()
+    again.load_state_dict(health.state_dict())
+    cost = again.cost.summary()
+    assert cost["search_calls"]["local"] == 5 and cost["requests"] == 5 and cost["documents_calls"]["local"] == 0
+    assert cost["search_cost_s"] == round(sum(r["search/cost_s"] for r in rows), 3) and cost["documents_cost_s"] == 0
+    assert set(cost["search_calls"]) == {"arxiv", "local", "news", "other", "web"}
+    legacy = RunHealth()
+    legacy.load_state_dict({k: v for k, v in health.state_dict().items() if k != "cost"})  # an older checkpoint
+    assert legacy.cost.summary()["search_calls"] == {}

@@ -15,6 +15,7 @@ import pytest
 from rsearch_verl import signals as sig
 from rsearch_verl.config import WatchdogConfig
 from rsearch_verl.search.breaker import RetrieverDownError
+from rsearch_verl.search.store import StoreMismatchError, check_fingerprint
 from rsearch_verl.trainer.checkpoint import CheckpointManager
 from rsearch_verl.trainer.health import RunStopped
 from rsearch_verl.trainer.health.report import RunHealth
@@ -163,7 +164,10 @@ class ScriptedTrainer:
 
     def train_step(self, step: int) -> dict:
         self.events.append(f"train {step}")
-        return dict(self.script[step].pop(0))
+        entry = self.script[step].pop(0)
+        if isinstance(entry, BaseException):  # the step's rollout failed
+            raise entry
+        return dict(entry)
 
     def validate(self) -> dict:
         if self.val_fails:
@@ -212,3 +216,35 @@ def test_the_loop_stops_when_the_rollbacks_are_used_up(tmp_path):
     with pytest.raises(RunStopped, match="no complete checkpoint to roll back to"):
         trainer.fit()
     assert trainer.events == ["train 1", "close"] and trainer.history == []
+
+
+def _store_mismatch() -> StoreMismatchError:
+    try:
+        check_fingerprint("/runs/nq.sqlite", "sha256:recorded", "sha256:served")
+    except StoreMismatchError as exc:
+        return exc
+    raise AssertionError("check_fingerprint did not raise")
+
+
+def test_a_store_mismatch_in_a_rollout_worker_stops_the_run_naming_both_fingerprints(tmp_path):
+    """A StoreMismatchError raised in a rollout worker (a RayTaskError carrying it as its cause) is a Stop with the
+    store's message, like a rejected credential, not a crash: the loop halts with RunStopped (exit 3, no traceback)."""
+    import ray
+
+    cause = _store_mismatch()
+    wrapped = ray.exceptions.RayTaskError("generate_sequences", "Traceback ...", cause)
+    control = make(tmp_path)
+    control.done_step = 2
+    stop = control.stopped(wrapped)
+    assert isinstance(stop, Stop) and stop.save_step is None
+    assert stop.message.startswith("run stopped during step 3: the record/replay store /runs/nq.sqlite")
+    assert "sha256:recorded" in stop.message and "sha256:served" in stop.message
+    assert "Point retriever.url at the index the store was recorded from" in stop.message
+    assert control.health.stop == {"step": 3, "reason": str(cause)}
+
+    trainer = ScriptedTrainer(tmp_path / "loop", {1: [HEALTHY], 2: [wrapped]}, total_steps=3)
+    with pytest.raises(RunStopped, match="sha256:recorded.*sha256:served") as info:
+        trainer.fit()
+    assert info.value.__cause__ is wrapped
+    assert trainer.events == ["train 1", "applied", "save 1", "train 2", "close"]  # nothing saved for the stop
+    assert trainer.control.health.summary()["status"] == "stopped"

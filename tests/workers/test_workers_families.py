@@ -1,7 +1,8 @@
 """One rollout and one update per model family x protocol, on CPU: the tiny random Qwen2 (model=tiny), Qwen3
 (model=tiny_qwen3, thinking off) and Llama 3 (model=tiny_llama3), each through its own chat template, with Search-R1's
 tag protocol (`search_r1`, plain text) and the JSON tool-call protocol (`tool_call`: Hermes calls for the Qwen families,
-Llama 3 JSON calls for Llama 3).
+Llama 3 JSON calls for Llama 3); and the Qwen3.5 / 3.6 hybrids (model=tiny_qwen3_5 with `tool_call` in Qwen3.5's XML
+call form, model=tiny_qwen3_6_moe with `search_r1`).
 
 Each case runs the product's pieces in this process: the real `ActorWorker` (FSDP2 over a 1-rank gloo group, float32
 masters), the HF engine with its turns scripted (a random policy never searches by itself) and built from the same
@@ -32,11 +33,14 @@ from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 from rsearch_verl.trainer import phases
 
 GROUPS = {"qwen2": ["model=tiny", "model.sft_checkpoint=null", "model.use_chat_template=true"],
-          "qwen3": ["model=tiny_qwen3"], "llama3": ["model=tiny_llama3"]}  # fmt: skip
+          "qwen3": ["model=tiny_qwen3"], "llama3": ["model=tiny_llama3"], "qwen3_5": ["model=tiny_qwen3_5"],
+          "qwen3_5_moe": ["model=tiny_qwen3_6_moe"]}  # fmt: skip
 CALLS = {
     "search_r1": "<search> Hamlet </search>",
     "tool_call": '<tool_call>\n{"name": "search", "arguments": {"query": "Hamlet"}}\n</tool_call>',
     "tool_call/llama3": '{"name": "search", "parameters": {"query": "Hamlet"}}<|eom_id|>',
+    "tool_call/qwen3_5": "<tool_call>\n<function=search>\n<parameter=query>\nHamlet\n</parameter>\n</function>\n"
+    "</tool_call>",
 }
 QUESTIONS = [("who wrote hamlet?", "Shakespeare"), ("what is the capital of france?", "Paris")]
 
@@ -117,3 +121,12 @@ def test_one_rollout_and_one_update(process_group, family, protocol_name):
     assert math.isfinite(out["actor/pg_loss"]) and out["actor/grad_norm"] > 0
     after = fsdp.full_state_dict(worker.model)
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the update moved the weights
+
+
+@pytest.mark.slow  # ~25-60 s each here: the 248k vocabulary's tokenizer and LM head, torch's delta-rule path
+@pytest.mark.parametrize(("family", "protocol_name"), [("qwen3_5", "tool_call"), ("qwen3_5_moe", "search_r1")])
+def test_hybrid_one_rollout_and_one_update(process_group, family, protocol_name):
+    """The same for the Qwen3.5 / 3.6 stand-ins (model=tiny_qwen3_5, tiny_qwen3_6_moe: Gated DeltaNet hybrids with the
+    real 248k vocabulary), one protocol each: padded micro-batches (the hybrids' only layout), engine and actor
+    log-probs within 1e-4, weights move."""
+    test_one_rollout_and_one_update(process_group, family, protocol_name)

@@ -32,6 +32,8 @@ from typing import Any
 
 from rsearch_verl.choices import PROTOCOL_KWARGS, check_parameters
 from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
+from rsearch_verl.rollout.protocols.call_formats import FAMILY_FORMATS
+from rsearch_verl.rollout.tools import build_tools
 
 # YAML name -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -71,16 +73,19 @@ def protocol_for(cfg) -> SearchProtocol:
     down (a protocol may hold per-tokenizer state: tool_call's observation frame).
 
     The model's conventions reach the protocol here, unless its kwargs say otherwise: `model.thinking` becomes the
-    chat template's `enable_thinking` (every protocol's prompts and, for tool_call, its observation frames), and
-    tool_call's `call_format` follows `model.family` (llama3 -> llama3_json, qwen2 / qwen3 -> hermes)."""
+    chat template's `enable_thinking` (every protocol's prompts and, for tool_call, its observation frames), the
+    run's tools (`rollout.tools`, rsearch_verl/rollout/tools/) are bound (`bind_tools`), and
+    tool_call's `call_format` follows `model.family` (llama3 -> llama3_json, qwen3_5 / qwen3_5_moe -> qwen3_xml,
+    qwen2 / qwen3 -> hermes)."""
     kwargs = dict(cfg.rollout.protocol_kwargs)
     thinking = cfg.model.thinking if cfg.model.use_chat_template else None
     if cfg.rollout.protocol == "tool_call":
         if thinking is not None:
             kwargs.setdefault("enable_thinking", thinking)
         if cfg.model.family is not None:
-            kwargs.setdefault("call_format", "llama3_json" if cfg.model.family == "llama3" else "hermes")
+            kwargs.setdefault("call_format", FAMILY_FORMATS.get(cfg.model.family, "hermes"))
     proto = get_protocol(cfg.rollout.protocol, **kwargs)
+    proto.bind_tools(build_tools(list(cfg.rollout.tools)))  # rollout.tools: stop strings, prompts, declarations
     if thinking is not None and "enable_thinking" not in proto.chat_template_kwargs:
         proto.chat_template_kwargs = {**proto.chat_template_kwargs, "enable_thinking": thinking}
     return proto

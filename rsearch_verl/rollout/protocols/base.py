@@ -20,6 +20,11 @@ policy text only, i.e. the policy segments; a block the policy forged itself (an
 text, an answer inside an observation the environment inserted never is. A plain string is a response without a
 recorded mask, split at the protocol's observation tags by `segments_from_text` (see there for what that loses).
 
+The run's tools (`rollout.tools`: rsearch_verl/rollout/tools/) reach a protocol through `proto.bind_tools(tools)`
+(`protocol_for(cfg)` calls it; unbound, a protocol has the `search` tool only): a tag protocol then also stops at
+`</name>` of each tool besides search and parses `<name> … </name>`, the tool-call protocol declares every tool;
+either way a call of such a tool is `Action(kind="tool", tool=name, args={...})`, run by `observe`.
+
 Tool-call protocols also declare `tools` (JSON schemas handed to the chat template's `tools` argument) and may
 depend on the model's chat template for their observation text: the agent loop calls
 `proto.bind_tokenizer(tokenizer, chat)` before a batch (a no-op for the tag protocols).
@@ -32,17 +37,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rsearch_verl.rollout.tools import Tool, build_tools
 from rsearch_verl.search.types import SearchFn
 from rsearch_verl.segments import Segment, policy_text, segments_from_text
 
 
 @dataclass
 class Action:
-    kind: str  # "search" | "answer" | "none" (no tag: the trajectory ends) | "invalid" (malformed search)
+    # "search" | "tool" (a tool of rollout.tools other than search) | "answer" | "none" (no tag: the trajectory ends)
+    # | "invalid" (a malformed call: its observation says what was wrong)
+    kind: str
     queries: list[str] = field(default_factory=list)
     answer: str | None = None
     plan: Any = None  # protocol-specific parsed structure (e.g. the NL-DAG)
     error: str | None = None  # why the action is invalid; shown to the policy in the observation
+    tool: str | None = None  # kind "tool": the tool's name
+    args: dict[str, Any] = field(default_factory=dict)  # kind "tool": its arguments, checked against its schema
 
 
 class SearchProtocol(ABC):
@@ -54,6 +64,17 @@ class SearchProtocol(ABC):
     tools: list[dict[str, Any]] = []  # tool declarations for the chat template's `tools` (tool-call protocols)
     chat_template_kwargs: dict[str, Any] = {}  # extra chat-template variables (e.g. Qwen3's enable_thinking)
     eos_ends_call: bool = False  # a turn that ends with EOS may still be a call (Llama 3's `<|eot_id|>` after JSON)
+
+    @property
+    def run_tools(self) -> dict[str, Tool]:
+        """The run's tools by name (`bind_tools`; `search` alone until bound)."""
+        if "_run_tools" not in self.__dict__:
+            self._run_tools = {t.name: t for t in build_tools(["search"])}
+        return self._run_tools
+
+    def bind_tools(self, tools: Sequence[Tool]) -> None:
+        """Make `tools` (rollout.tools, built by `build_tools`) the ones the policy can call. Idempotent."""
+        self._run_tools = {t.name: t for t in tools}
 
     def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:  # noqa: B027 - optional hook
         """Adapt text that depends on the model's chat template; `chat`: the prompts went through that template.

@@ -1,4 +1,4 @@
-"""How a model family writes a JSON tool call: one object per format owns its stop strings, its parser, the example and
+"""How a model family writes a tool call: one object per format owns its stop strings, its parser, the example and
 declaration texts the policy is shown and the demonstration's call. `ToolCallProtocol` (tool_call.py) holds one.
 
     hermes       Qwen2.5 / Qwen3 / SmolLM2 (Hermes style):
@@ -8,19 +8,25 @@ declaration texts the policy is shown and the demonstration's call. `ToolCallPro
                  after `<|python_tag|>`, ended by the model's own `<|eom_id|>` (a stop string) or `<|eot_id|>` (EOS);
                  results come back in an `ipython` turn. The end token is sampled (policy text), so the observation
                  starts after it, with the ipython header
+    qwen3_xml    Qwen3.5 / Qwen3.6 (the qwen3_coder XML form their templates declare):
+                 <tool_call>\n<function=search>\n<parameter=query>\n...\n</parameter>\n</function>\n</tool_call>
+                 generation stops at `</tool_call>`, as Hermes; a parameter's value is its text (a JSON list of
+                 strings for several queries)
 
     fmt = call_format("llama3_json")
     fmt.parse(text)      # an Action (search / invalid) when `text` (reasoning removed) holds a call, else None
     fmt.example_call("q"), fmt.declaration(tools), fmt.demo_call, fmt.stop_strings, fmt.eos_ends_call
 
-`call_format_for(tokenizer)` names the format of a tokenizer's family (Llama 3's header tokens -> llama3_json). Parsing
-never raises: broken JSON, a non-object, an unknown tool, missing / empty / non-string arguments and a call inside an
-unclosed `<think>` are "invalid" actions whose observation says what was wrong.
+`call_format_for(tokenizer)` names the format of a tokenizer's family (Llama 3's header tokens -> llama3_json; Qwen3.5's
+vocabulary -> qwen3_xml), `FAMILY_FORMATS` the format of a `model.family`. Parsing never raises: broken JSON or XML, a
+non-object, an unknown tool, missing / empty / non-string arguments and a call inside an unclosed `<think>` are
+"invalid" actions whose observation says what was wrong.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rsearch_verl.rollout.protocols.base import Action
@@ -52,8 +58,23 @@ def search_action(args: Any, max_queries: int, key: str) -> Action:
     return Action(kind="search", queries=queries)
 
 
-def _call_action(raw: str, key: str, max_queries: int) -> Action:
-    """The action of one JSON call object `raw` (whole text, nothing after it)."""
+def tool_action(call: dict, key: str, tools: dict[str, Any]) -> Action:
+    """The action of a call naming a tool of the run besides search: its arguments checked against its schema."""
+    name, args = call["name"], call.get(key, {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return Action(kind="invalid", error=f"'{key}' is a string that is not a JSON object", tool=name)
+    error = tools[name].check_arguments(args)
+    if error:
+        return Action(kind="invalid", error=error, tool=name)
+    return Action(kind="tool", tool=name, args=args)
+
+
+def _call_action(raw: str, key: str, max_queries: int, tools: dict[str, Any] | None = None) -> Action:
+    """The action of one JSON call object `raw` (whole text, nothing after it); `tools`: the run's by name (None:
+    search only)."""
     try:
         call = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -62,9 +83,36 @@ def _call_action(raw: str, key: str, max_queries: int) -> Action:
         return Action(kind="invalid", error="the tool call is not a JSON object this parser accepts")
     if not isinstance(call, dict):
         return Action(kind="invalid", error=f'the tool call must be a JSON object {{"name": …, "{key}": …}}')
-    if call.get("name") != "search":
-        return Action(kind="invalid", error=f"unknown tool {call.get('name')!r}; the only tool is 'search'")
-    return search_action(call.get(key), max_queries, key)
+    name = call.get("name")
+    if name == "search" and (not tools or "search" in tools):
+        return search_action(call.get(key), max_queries, key)
+    if tools and isinstance(name, str) and name in tools:
+        return tool_action(call, key, tools)
+    return unknown_tool(name, tools)
+
+
+def unknown_tool(name: Any, tools: dict[str, Any] | None) -> Action:
+    """The invalid action of a call naming no tool of the run."""
+    names = list(tools) if tools else ["search"]
+    if names == ["search"]:
+        return Action(kind="invalid", error=f"unknown tool {name!r}; the only tool is 'search'")
+    return Action(kind="invalid", error=f"unknown tool {name!r}; the tools are {', '.join(map(repr, names))}")
+
+
+def typed_parameters(params: dict[str, str], schema: dict[str, Any]) -> dict[str, Any]:
+    """XML parameters (text) as the JSON types their tool's schema declares (an integer's digits become an int)."""
+    props = schema.get("properties", {})
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        kind = props.get(key, {}).get("type")
+        if kind in ("integer", "number", "boolean", "array", "object"):
+            try:
+                out[key] = json.loads(value)
+                continue
+            except (ValueError, RecursionError):
+                pass
+        out[key] = value
+    return out
 
 
 class HermesFormat:
@@ -76,6 +124,7 @@ class HermesFormat:
 
     def __init__(self, max_queries: int = 3):
         self.max_queries = max_queries
+        self.tools: dict[str, Any] | None = None  # the run's tools by name (ToolCallProtocol.bind_tools); None: search
 
     def example_call(self, query: str = "...") -> str:
         return f"{CALL_OPEN}\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + f"\n{CALL_CLOSE}"
@@ -100,7 +149,7 @@ class HermesFormat:
             return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
         if THINK_OPEN in body[:start]:  # unclosed <think> before the call: still reasoning
             return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
-        return _call_action(body[start + len(CALL_OPEN) :].strip(), "arguments", self.max_queries)
+        return _call_action(body[start + len(CALL_OPEN) :].strip(), "arguments", self.max_queries, self.tools)
 
 
 class Llama3JsonFormat:
@@ -114,6 +163,7 @@ class Llama3JsonFormat:
 
     def __init__(self, max_queries: int = 3):
         self.max_queries = max_queries
+        self.tools: dict[str, Any] | None = None  # the run's tools by name (ToolCallProtocol.bind_tools); None: search
 
     def example_call(self, query: str = "...") -> str:
         return json.dumps({"name": "search", "parameters": {"query": query}})
@@ -137,19 +187,85 @@ class Llama3JsonFormat:
             return None
         if THINK_OPEN in text[:start]:
             return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
-        return _call_action(text[start:], "parameters", self.max_queries)
+        return _call_action(text[start:], "parameters", self.max_queries, self.tools)
 
 
-CALL_FORMATS = {"hermes": HermesFormat, "llama3_json": Llama3JsonFormat}
+_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", flags=re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", flags=re.DOTALL)
 
 
-def call_format(name: str, max_queries: int = 3) -> HermesFormat | Llama3JsonFormat:
+class Qwen3XmlFormat:
+    name = "qwen3_xml"
+    stop_strings = [CALL_CLOSE, ANSWER_CLOSE]
+    eos_ends_call = False  # as Hermes: a call ends at `</tool_call>`, the template closes the turn
+    sampled_turn_ends: tuple[str, ...] = ()
+    demo_call = "<tool_call>\n<function=search>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
+
+    def __init__(self, max_queries: int = 3):
+        self.max_queries = max_queries
+        self.tools: dict[str, Any] | None = None  # the run's tools by name (ToolCallProtocol.bind_tools); None: search
+
+    def example_call(self, query: str = "...") -> str:
+        return self.demo_call.format(q=query)
+
+    def declaration(self, tools: list[dict[str, Any]]) -> str:
+        signatures = "\n".join(json.dumps(t) for t in tools)
+        return (
+            "# Tools\n\nYou have access to the functions below. Their signatures are inside <tools></tools>:\n"
+            f"<tools>\n{signatures}\n</tools>\n\nTo call a function, reply in this form only:\n<tool_call>\n"
+            "<function=example_function_name>\n<parameter=example_parameter>\nvalue\n</parameter>\n</function>\n"
+            "</tool_call>"
+        )
+
+    def parse(self, text: str) -> Action | None:
+        """`text`: the turn with its reasoning removed, right-stripped. A call is what ends at `</tool_call>`."""
+        if not text.endswith(CALL_CLOSE):
+            return None
+        body = text[: -len(CALL_CLOSE)]
+        start = body.rfind(CALL_OPEN)
+        if start < 0:
+            return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
+        if THINK_OPEN in body[:start]:
+            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
+        function = _FUNCTION.fullmatch(body[start + len(CALL_OPEN) :])
+        if function is None:
+            return Action(kind="invalid", error="the tool call must be <function=NAME> ... </function>")
+        name, inner = function.group(1).strip(), function.group(2)
+        if name != "search" and not (self.tools and name in self.tools):
+            return unknown_tool(name, self.tools)
+        params = {m.group(1).strip(): m.group(2).strip() for m in _PARAMETER.finditer(inner)}
+        if _PARAMETER.sub("", inner).strip():
+            return Action(kind="invalid", error="text between the parameters; write each as <parameter=NAME>")
+        if name != "search":  # another tool of the run: its parameters typed by its schema, then checked
+            args = typed_parameters(params, self.tools[name].parameters)
+            return tool_action({"name": name, "parameter": args}, "parameter", self.tools)
+        if "query" not in params:
+            return Action(kind="invalid", error="the search tool needs <parameter=query>")
+        query: Any = params["query"]
+        if query.startswith("["):  # several queries as a JSON list of strings
+            try:
+                query = json.loads(query)
+            except (ValueError, RecursionError):
+                return Action(kind="invalid", error="<parameter=query> starts with '[' but is not a JSON list")
+        return search_action({"query": query}, self.max_queries, "parameter")
+
+
+CALL_FORMATS = {"hermes": HermesFormat, "llama3_json": Llama3JsonFormat, "qwen3_xml": Qwen3XmlFormat}
+# model.family -> its call format (hermes for the others: Qwen2 / Qwen2.5 / Qwen3, SmolLM2)
+FAMILY_FORMATS = {"llama3": "llama3_json", "qwen3_5": "qwen3_xml", "qwen3_5_moe": "qwen3_xml"}
+QWEN3_5_THINK_ID = 248068  # `<think>` in Qwen3.5 / 3.6's vocabulary (151667 in Qwen3's)
+
+
+def call_format(name: str, max_queries: int = 3) -> HermesFormat | Llama3JsonFormat | Qwen3XmlFormat:
     if name not in CALL_FORMATS:
         raise ValueError(f"tool_call: call_format {name!r} is not one of {['auto', *CALL_FORMATS]}")
     return CALL_FORMATS[name](max_queries)
 
 
 def call_format_for(tokenizer) -> str:
-    """The call format of a tokenizer's family: llama3_json when it has Llama 3's header and tool tokens."""
+    """The call format of a tokenizer's family: llama3_json when it has Llama 3's header and tool tokens, qwen3_xml
+    for Qwen3.5 / 3.6's vocabulary (`<think>` at its id there), else hermes."""
     vocab = tokenizer.get_vocab()
-    return "llama3_json" if all(t in vocab for t in LLAMA3_MARKERS) else "hermes"
+    if all(t in vocab for t in LLAMA3_MARKERS):
+        return "llama3_json"
+    return "qwen3_xml" if vocab.get(THINK_OPEN) == QWEN3_5_THINK_ID else "hermes"

@@ -229,6 +229,8 @@ class NLDagProtocol(TagSearchProtocol):
         )
 
     async def observe(self, action: Action, search: SearchFn, topk: int) -> str:
+        if action.tool is not None:  # a tool of rollout.tools besides search (`<open> … </open>`, valid or not)
+            return await super().observe(action, search, topk)
         if action.kind == "invalid":
             return self.wrap(
                 f"Invalid search plan: {action.error}. Write 'Nodes: A: query (Tool)' and "

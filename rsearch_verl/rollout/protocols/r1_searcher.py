@@ -38,7 +38,7 @@ class R1SearcherProtocol(TagSearchProtocol):
     demo_format = ("<think> {t} </think>\n", "<|begin_of_query|> {q} <|end_of_query|>", "<answer> {a} </answer>")
 
     def base_prompt(self, question: str) -> str:
-        return f"{self.system_prompt}\nUser: {question}\nAssistant: <think>"
+        return f"{self.instructions()}\nUser: {question}\nAssistant: <think>"
 
     def format_docs(self, docs: list[Doc]) -> str:
         return "\n" + "".join(f"({i}) {d.title}: {' '.join(d.text.split())}\n" for i, d in enumerate(docs, 1))

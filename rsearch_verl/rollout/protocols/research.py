@@ -55,7 +55,10 @@ class ReSearchProtocol(TagSearchProtocol):
 
     def base_prompt(self, question: str) -> str:
         # the template puts a period after the question; do not double an existing one
-        return RESEARCH_BASE_TEMPLATE.replace("{question}", question.rstrip("."))
+        template = RESEARCH_BASE_TEMPLATE
+        if self.tools_text:  # the run's other tools (rollout.tools): their sentences after the format instructions
+            template = template.replace(" User: {question}", f" {self.tools_text} User: {{question}}")
+        return template.replace("{question}", question.rstrip("."))
 
     def format_docs(self, docs: list[Doc]) -> str:
         lines = [f'"{d.title}", {" ".join(d.text.split())}' for d in docs]

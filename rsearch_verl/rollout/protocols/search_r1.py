@@ -30,7 +30,11 @@ class SearchR1Protocol(TagSearchProtocol):
     observation_close = "</information>"
 
     def base_prompt(self, question: str) -> str:
-        return SEARCH_R1_TEMPLATE.format(question=question)
+        text = SEARCH_R1_TEMPLATE.format(question=question)
+        if self.tools_text:  # the run's other tools (rollout.tools): their sentences go before the question
+            at = text.rindex(" Question: ")
+            text = f"{text[:at]} {self.tools_text}{text[at:]}"
+        return text
 
     def chat_prompt(self, question: str) -> list[dict[str, str]]:
         return [{"role": "user", "content": self.base_prompt(question)}]

@@ -4,7 +4,7 @@ the chat template's `tools`; the policy writes `<tool_call>{"name": "search", "a
 frames a tool turn; the final answer is `<answer>…</answer>` (Search-R1's EM reward reads it).
 
     proto = get_protocol("tool_call")                 # kwargs: enable_thinking (Qwen3 templates), max_queries,
-                                                      # call_format (hermes | llama3_json | auto: the tokenizer's)
+                                                      # call_format (hermes | llama3_json | qwen3_xml | auto)
     proto.build_prompt(q, "instruct")                 # [system, user] messages; `proto.tools` goes to the template
     render_prompt(messages, tokenizer, proto.tools)   # rsearch_verl.data.dataset: tools declared by the template,
                                                       # or in the system message when the template ignores them
@@ -22,7 +22,8 @@ inserted by the environment (response_mask 0); a `<tool_response>` the policy wr
 
 How the call itself is written is the call format's (rsearch_verl/rollout/protocols/call_formats.py): the Hermes
 `<tool_call>` above, or Llama 3's bare JSON `{"name": "search", "parameters": {...}}` ended by the model's own
-`<|eom_id|>` / `<|eot_id|>` and answered in an `ipython` turn (the observation then starts after that end token).
+`<|eom_id|>` / `<|eot_id|>` and answered in an `ipython` turn (the observation then starts after that end token), or
+Qwen3.5 / 3.6's XML `<tool_call><function=search><parameter=query>...` (answered as Hermes calls are).
 `protocol_for(cfg)` picks it from `model.family`; `call_format=auto` from the bound tokenizer.
 
 Parsing never raises: malformed JSON, an unknown tool, missing or empty arguments, a call without its opening tag
@@ -36,12 +37,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from rsearch_verl.formats import extract_tag
-from rsearch_verl.rollout.protocols.base import Action
+from rsearch_verl.rollout.protocols.base import Action, SearchProtocol
 from rsearch_verl.rollout.protocols.call_formats import CALL_FORMATS, HermesFormat, call_format, call_format_for
 from rsearch_verl.rollout.protocols.tagged import TagSearchProtocol
+from rsearch_verl.rollout.tools import Tool
+from rsearch_verl.rollout.tools.search import SearchTool
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +53,7 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 INLINE_FRAME = (f"\n{RESPONSE_OPEN}\n", f"\n{RESPONSE_CLOSE}\n")  # no chat template: the response sits in the text
 
-SEARCH_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Search the knowledge source; returns the top passages for the query.",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "what to look up (a few keywords)"}},
-            "required": ["query"],
-        },
-    },
-}
+SEARCH_TOOL: dict[str, Any] = SearchTool().declaration()  # the default run's one declaration
 
 TOOL_CALL_INSTRUCTIONS = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
@@ -131,7 +124,8 @@ class ToolCallProtocol(TagSearchProtocol):
     """Search as a JSON tool call; GRPO recipe `search_r1_toolcall_grpo` (EM reward on `<answer>`).
 
     `call_format`: how the call is written (rsearch_verl/rollout/protocols/call_formats.py): hermes | llama3_json |
-    auto (the bound tokenizer's family: Llama 3's tokens -> llama3_json, else hermes; hermes until one is bound).
+    qwen3_xml | auto (the bound tokenizer's family: Llama 3's tokens -> llama3_json, Qwen3.5's vocabulary ->
+    qwen3_xml, else hermes; hermes until one is bound).
     `protocol_for(cfg)` resolves auto from `model.family` before any prompt is built."""
 
     name = "tool_call"
@@ -160,14 +154,25 @@ class ToolCallProtocol(TagSearchProtocol):
 
     def _format_named(self, name: str):
         fmt = call_format(name, self.max_queries)
+        fmt.tools = self.run_tools
         self.stop_strings = list(fmt.stop_strings)
         self.eos_ends_call = fmt.eos_ends_call
         self.demo_format = ("<think> {t} </think>\n", fmt.demo_call, "<answer> {a} </answer>")
         return fmt
 
+    # ---- tools ------------------------------------------------------------------------------------------------
+    def bind_tools(self, tools: Sequence[Tool]) -> None:
+        """Every tool of the run is declared to the chat template (`tools`) and callable by name; the stop strings
+        stay the call format's (a call of any tool ends the same way)."""
+        SearchProtocol.bind_tools(self, tools)
+        self.tools = [t.declaration() for t in self.run_tools.values()]
+        self.format.tools = self.run_tools
+        self.tools_text = " ".join(f"You can also call the {t.name} tool: {t.description}" for t in self.extra_tools())
+        self._bound = None  # the observation frame is rendered with the declarations: render it again
+
     # ---- prompts ----------------------------------------------------------------------------------------------
     def base_prompt(self, question: str) -> str:
-        return f"{self.system_prompt}\n\n{self.format.declaration(self.tools)}\n\nQuestion: {question}\n"
+        return f"{self.instructions()}\n\n{self.format.declaration(self.tools)}\n\nQuestion: {question}\n"
 
     def bind_tokenizer(self, tokenizer: Any, chat: bool) -> None:
         key = (id(tokenizer), bool(chat))

@@ -9,6 +9,10 @@ It is saved in every checkpoint (`trainer_state.json`), so a resumed run reports
     health.add_step(metrics)                      # after every step (tripped ones too: what happened, happened)
     health.record_rollback(step=7, restored=6, trips={"nonfinite": nan}, lr_scale=0.5)
     summary["health"] = health.summary()          # {"status": "ok" | "degraded" | "stopped", "reasons": [...], ...}
+    summary["search_cost"] = health.cost.summary()  # {"search_cost_s": ..., "search_calls": {"local": ...}, ...}
+
+`search_cost` sums the search client's cost metrics (`search/cost_s`, `search/calls/<source>`, the same of `documents/`)
+over every executed step and validation, like the health counters (a rolled-back step's searches were paid for too).
 
 `status`: "ok" when nothing happened; "degraded" when the run completed but something did (each in `reasons`);
 "stopped" when the run ended early on an outage, a dead worker or exhausted rollbacks (exit code 3).
@@ -33,6 +37,46 @@ COUNTED = {
 }
 
 
+class SearchCost:
+    """The run's search cost: seconds inside the search client's calls and calls per source, summed over the rows."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = dict.fromkeys(sig.COST_KINDS, 0.0)
+        self.calls: dict[str, dict[str, float]] = {kind: {} for kind in sig.COST_KINDS}
+        self.requests = 0.0  # HTTP requests that reached a source (replayed and cached calls make none)
+
+    def add_step(self, metrics: dict[str, float]) -> None:
+        for kind in sig.COST_KINDS:
+            self.seconds[kind] += _finite(metrics.get(sig.cost_s(kind)))
+            self.requests += _finite(metrics.get(sig.requests_of(kind)))
+            prefix = sig.calls_of(kind)
+            for key, value in metrics.items():
+                if key.startswith(prefix):
+                    source = key[len(prefix) :]
+                    self.calls[kind][source] = self.calls[kind].get(source, 0.0) + _finite(value)
+
+    def summary(self) -> dict:
+        out: dict = {"search_cost_s": round(self.seconds["search"], 3)}
+        out["search_calls"] = {s: int(round(n)) for s, n in sorted(self.calls["search"].items())}
+        out["documents_cost_s"] = round(self.seconds["documents"], 3)
+        out["documents_calls"] = {s: int(round(n)) for s, n in sorted(self.calls["documents"].items())}
+        out["requests"] = int(round(self.requests))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"seconds": dict(self.seconds), "calls": {k: dict(v) for k, v in self.calls.items()},
+                "requests": self.requests}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seconds.update(state["seconds"])
+        self.calls.update({k: dict(v) for k, v in state["calls"].items()})
+        self.requests = float(state["requests"])
+
+
+def _finite(value) -> float:
+    return float(value) if value is not None and math.isfinite(float(value)) else 0.0
+
+
 class RunHealth:
     def __init__(self):
         self.counts: dict[str, float] = dict.fromkeys(COUNTED.values(), 0.0)
@@ -41,8 +85,10 @@ class RunHealth:
         self.stop: dict | None = None  # {"step", "reason"} when this process stopped the run early
         self.interruptions: list[dict] = []  # earlier stops this run was resumed from (read from the checkpoint)
         self.lr_scale = 1.0  # product of the rollbacks' lr factors
+        self.cost = SearchCost()  # not health, but summed over the same rows and saved with it
 
     def add_step(self, metrics: dict[str, float]) -> None:
+        self.cost.add_step(metrics)
         for key, name in COUNTED.items():
             value = metrics.get(key)
             if value is not None and math.isfinite(float(value)):
@@ -110,7 +156,8 @@ class RunHealth:
 
     def state_dict(self) -> dict:
         return {"counts": dict(self.counts), "outages": list(self.outages), "rollbacks": list(self.rollbacks),
-                "stop": self.stop, "interruptions": list(self.interruptions), "lr_scale": self.lr_scale}  # fmt: skip
+                "stop": self.stop, "interruptions": list(self.interruptions), "lr_scale": self.lr_scale,
+                "cost": self.cost.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore from a checkpoint (None: one written before health was recorded). A stop saved with it becomes an
@@ -121,3 +168,5 @@ class RunHealth:
         self.outages, self.rollbacks = list(state["outages"]), list(state["rollbacks"])
         self.lr_scale = float(state["lr_scale"])
         self.interruptions = list(state["interruptions"]) + ([state["stop"]] if state["stop"] else [])
+        if "cost" in state:  # checkpoints written before the cost accounting have none
+            self.cost.load_state_dict(state["cost"])
