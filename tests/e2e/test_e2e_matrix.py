@@ -59,8 +59,12 @@ SIZES = ["rollout.max_response_length=128", "rollout.max_obs_length=48",
 def _overrides(strategy: str, mode: str, workers: int, protocol: str) -> list[str]:
     out = [ENGINE, *SIZES, *PROMPT[protocol], f"rollout.context.strategy={strategy}", f"trainer.n_workers={workers}"]
     if mode == "streaming":
-        out += ["trainer.placement=split", "trainer.max_staleness=1", "trainer.rollout_mode=streaming",
-                f"trainer.ray_num_cpus={2 * workers}"]  # a 1-CPU bundle per actor rank and per rollout worker
+        out += [
+            "trainer.placement=split",
+            "trainer.max_staleness=1",
+            "trainer.rollout_mode=streaming",
+            f"trainer.ray_num_cpus={2 * workers}",
+        ]  # a 1-CPU bundle per actor rank and per rollout worker
     return out
 
 
