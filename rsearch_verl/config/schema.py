@@ -188,6 +188,18 @@ class SupervisorConfig(ConfigNode):
 
 
 @dataclass
+class FetchConfig(ConfigNode):
+    """The `open` tool's URLs (rsearch_verl/search/sources/fetch.py, docs/research_agents.md "The web: fetch")."""
+
+    enable: bool = False  # false: `open` with a URL answers that fetching is not available in this run
+    timeout_s: float = 10.0  # one whole request (connect, redirects, body); a timeout is retried max_retries times
+    max_retries: int = 1  # retries of a timeout or HTTP 5xx (nothing else is retried)
+    max_bytes: int = 2_000_000  # a body larger than this is a `too_large` failure (read up to it, then stopped)
+    max_redirects: int = 3
+    page_tokens: int = 512  # words a page (whitespace tokens, as the retrieval server's --page-tokens)
+
+
+@dataclass
 class RetrieverConfig(ConfigNode):
     url: str | None = None  # an external Search-R1-compatible server; None = start the recipe's own
     # the server's bearer token (its --token); None: $RETRIEVER_TOKEN where the run starts. Never logged: config.yaml
@@ -218,6 +230,7 @@ class RetrieverConfig(ConfigNode):
     replay: str | None = None
     replay_miss: str = "error"  # error | live
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     @property

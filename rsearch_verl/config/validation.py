@@ -288,6 +288,12 @@ def _validate_health(cfg: RSearchConfig) -> None:
     _check(cfg.retriever.replicas >= 0, "retriever.replicas", "must be >= 0 (0 = one server process)")
     _check(cfg.retriever.replica_cpus > 0, "retriever.replica_cpus", "must be > 0")
     _validate_record_replay(cfg.retriever)
+    fetch = cfg.retriever.fetch
+    _check(fetch.timeout_s > 0, "retriever.fetch.timeout_s", "must be > 0")
+    _check(fetch.max_retries >= 0, "retriever.fetch.max_retries", "must be >= 0")
+    _check(fetch.max_bytes >= 1, "retriever.fetch.max_bytes", "must be >= 1")
+    _check(fetch.max_redirects >= 0, "retriever.fetch.max_redirects", "must be >= 0 (0 = no redirect followed)")
+    _check(fetch.page_tokens >= 1, "retriever.fetch.page_tokens", "must be >= 1")
     _check(brk.window >= 1, "retriever.breaker.window", "must be >= 1")
     _check(1 <= brk.min_calls <= brk.window, "retriever.breaker.min_calls", "must be in [1, retriever.breaker.window]")
     _check(0 < brk.failure_rate <= 1, "retriever.breaker.failure_rate", "must be in (0, 1]")

@@ -18,6 +18,8 @@ Usage:
         --protocol search_r1 --variant base --out data/search_r1          # -> data/search_r1/train.parquet
     python -m rsearch_verl.data.prepare --input data/flashrag --datasets nq,triviaqa,popqa,hotpotqa,2wiki,musique,\
 bamboogle --split test --protocol search_r1 --out data/search_r1 --per-dataset   # also <dataset>_test.parquet
+    python -m rsearch_verl.data.prepare --format browsecomp_plus --input data/browsecomp_plus --split test \
+        --protocol search_r1 --out data/bcp     # queries + corpus + qrels (rsearch_verl/data/browsecomp_plus.py)
 """
 
 from __future__ import annotations
@@ -187,6 +189,10 @@ def _resolve_inputs(inputs: list[str], datasets: list[str], split: str) -> list[
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", required=True, help="a FlashRAG directory, or jsonl files")
+    parser.add_argument(
+        "--format", default="flashrag", choices=("flashrag", "browsecomp_plus"),
+        help="browsecomp_plus: --input is a directory of queries.jsonl, corpus.jsonl and qrels.tsv",
+    )  # fmt: skip
     parser.add_argument("--datasets", default="", help="comma-separated, e.g. nq,hotpotqa")
     parser.add_argument("--split", default="train", help="train | dev | test")
     parser.add_argument("--protocol", default="search_r1")
@@ -198,10 +204,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     datasets = [d for d in args.datasets.split(",") if d]
-    written = prepare(
-        args.input, datasets, args.split, args.protocol, args.variant, args.out,
-        per_dataset=args.per_dataset, max_per_dataset=args.max_per_dataset, seed=args.seed,
-    )  # fmt: skip
+    if args.format == "browsecomp_plus":
+        # imported here: browsecomp_plus imports write_parquet from this module
+        from rsearch_verl.data.browsecomp_plus import prepare_browsecomp_plus
+
+        if len(args.input) != 1:
+            parser.error("--format browsecomp_plus takes one --input directory")
+        written = prepare_browsecomp_plus(
+            args.input[0], args.split, args.protocol, args.variant, args.out,
+            max_queries=args.max_per_dataset, seed=args.seed,
+        )  # fmt: skip
+    else:
+        written = prepare(
+            args.input, datasets, args.split, args.protocol, args.variant, args.out,
+            per_dataset=args.per_dataset, max_per_dataset=args.max_per_dataset, seed=args.seed,
+        )  # fmt: skip
     for name, path in written.items():
         print(f"{name}\t{path}")  # noqa: T201
 

@@ -5,6 +5,9 @@ checkpoint runs in the recipe's rollout engine (HF on CPU, vLLM on GPU) through 
 training, greedy by default, against the recipe's retriever (`retriever.url`, or a server started for the run).
 Per dataset and on average: EM, F1, cover-EM (answer contains a gold), searches per question, and the recipe's
 reward (which may call a judge). Every example goes to `<out>/<dataset>.jsonl`; the table to `<out>/results.json`.
+With k samples per question (`rollout.val_n=K rollout.val_temperature=T`) it adds Avg@k and Pass@k of EM, F1 and
+cover-EM (`--pass-k 1,4`: which k, default K; the unbiased estimator when k < K; eval/sampling.py). `--judge` adds
+the `judge` column: the verdict of `reward.judge`'s OpenAI-compatible endpoint, failures counted (eval/judged.py).
 Under the table it prints the protocol card (eval/protocol_card.py, also in `<out>/protocol_card.txt`): each paper's
 datasets, split sizes, corpus, retriever, top-k and metric, with every setting of this run that differs flagged.
 
@@ -29,7 +32,10 @@ import numpy as np
 
 from rsearch_verl.config import RSearchConfig, load_config
 from rsearch_verl.data.dataset import PromptDataset
+from rsearch_verl.eval.judged import judge_rows
 from rsearch_verl.eval.protocol_card import format_card, run_settings
+from rsearch_verl.eval.sampling import sample_metrics, samples_per_question
+from rsearch_verl.rewards.judge import require_judge_url
 from rsearch_verl.rewards.qa import cover_exact_match, exact_match, f1_score
 from rsearch_verl.rollout.protocols import SearchProtocol, protocol_for
 from rsearch_verl.toy.world_data import toy_world_data
@@ -37,6 +43,7 @@ from rsearch_verl.toy.world_data import toy_world_data
 logger = logging.getLogger(__name__)
 
 COLUMNS = ("em", "f1", "cover_em", "searches", "reward")
+SAMPLED = ("em", "f1", "cover_em", "judge")  # the columns that get Avg@k / Pass@k (judge only when judged)
 
 
 def example_rows(batch) -> list[dict]:
@@ -85,22 +92,42 @@ def evaluate_dataset(
     return rows
 
 
-def summarise(per_dataset: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
-    """Mean of each column per dataset, plus the unweighted average over datasets (as the papers report)."""
+def summarise(per_dataset: dict[str, list[dict]], ks: tuple[int, ...] = ()) -> dict[str, dict[str, float]]:
+    """Mean of each column per dataset, plus the unweighted average over datasets (as the papers report). `n` counts
+    trajectories; with several samples per question, Avg@k / Pass@k (for each k in `ks`, default all samples) too,
+    and judged rows add `judge` and `judge_errors`."""
     table = {}
     for name, rows in per_dataset.items():
-        table[name] = {"n": len(rows), **{c: float(np.mean([r[c] for r in rows])) if rows else 0.0 for c in COLUMNS}}
+        judged = bool(rows) and "judge" in rows[0]
+        columns = COLUMNS + ("judge",) if judged else COLUMNS
+        table[name] = {"n": len(rows), **{c: float(np.mean([r[c] for r in rows])) if rows else 0.0 for c in columns}}
+        n = samples_per_question(rows)
+        if n > 1:
+            metrics = [m for m in SAMPLED if m in columns]
+            table[name].update(sample_metrics(rows, metrics, ks or (n,)))
+        if judged:
+            table[name]["judge_errors"] = sum(int(r["judge_error"]) for r in rows)
     if table:
+        shared = [c for c in next(iter(table.values())) if c != "n" and all(c in t for t in table.values())]
         table["average"] = {"n": sum(t["n"] for t in table.values())}
-        table["average"].update({c: float(np.mean([table[n][c] for n in per_dataset])) for c in COLUMNS})
+        table["average"].update({c: float(np.mean([table[n][c] for n in per_dataset])) for c in shared})
+        if "judge_errors" in shared:
+            table["average"]["judge_errors"] = sum(table[n]["judge_errors"] for n in per_dataset)
     return table
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:
-    head = f"{'dataset':<24}{'n':>6}" + "".join(f"{c:>10}" for c in COLUMNS)
+    """The table as text: one line per dataset, a column per metric (`n` and `judge_errors` as integers)."""
+    columns = [c for c in next(iter(table.values()), {}) if c != "n"]
+    widths = [max(10, len(c) + 2) for c in columns]
+    head = f"{'dataset':<24}{'n':>6}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True))
     lines = [head, "-" * len(head)]
     for name, row in table.items():
-        lines.append(f"{name:<24}{int(row['n']):>6}" + "".join(f"{row[c]:>10.3f}" for c in COLUMNS))
+        cells = [
+            f"{row.get(c, float('nan')):>{w}{'.0f' if c == 'judge_errors' else '.3f'}}"
+            for c, w in zip(columns, widths, strict=True)
+        ]
+        lines.append(f"{name:<24}{int(row['n']):>6}" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -129,6 +156,7 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     from rsearch_verl.search.service import RetrieverService
 
     recipe_cfg = load_config(overrides)
+    check_eval_options(args, recipe_cfg)  # before any model loads
     protocol = protocol_for(recipe_cfg)  # this process's one instance: prompts, rollouts and rewards
     # the checkpoint under evaluation is the model (not the recipe's warm start); on the toy world it brings its
     # tokenizer, or, for a random tiny policy, the toy world's own is trained (unless the recipe names one)
@@ -150,10 +178,12 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
         per_dataset = {}
         for name, dataset in datasets.items():
             per_dataset[name] = evaluate_dataset(engine, tokenizer, dataset, cfg, protocol)
+            if args.judge:
+                judge_rows(per_dataset[name], cfg.reward.judge)
             with open(os.path.join(args.out, f"{name}.jsonl"), "w") as f:
                 for row in per_dataset[name]:
                     f.write(json.dumps(row) + "\n")
-    table = summarise(per_dataset)
+    table = summarise(per_dataset, tuple(args.pass_k))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(table, f, indent=2)
     card = format_card(run_settings(cfg, _sizes_by_source(per_dataset)))
@@ -162,13 +192,22 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     return table, card
 
 
+def check_eval_options(args, cfg: RSearchConfig) -> None:
+    """Refuse, before the work, what would fail after it: --judge without an endpoint, a Pass@k beyond val_n."""
+    if args.judge:
+        require_judge_url(cfg.reward.judge, "python -m rsearch_verl.eval --judge")
+    too_big = [k for k in args.pass_k if not 1 <= k <= cfg.rollout.val_n]
+    if too_big:
+        raise ValueError(f"--pass-k {too_big}: each k must be in 1..rollout.val_n={cfg.rollout.val_n}")
+
+
 def _sizes_by_source(per_dataset: dict[str, list[dict]]) -> dict[str, int]:
-    """Examples per dataset, named by the rows' data_source (the dataset, whatever the file is called)."""
-    sizes: dict[str, int] = {}
+    """Questions per dataset (not samples), named by the rows' data_source (whatever the file is called)."""
+    ids: dict[str, set[str]] = {}
     for rows in per_dataset.values():
         for row in rows:
-            sizes[row["data_source"]] = sizes.get(row["data_source"], 0) + 1
-    return sizes
+            ids.setdefault(row["data_source"], set()).add(row["id"])
+    return {source: len(found) for source, found in ids.items()}
 
 
 EXAMPLES = """examples:
@@ -178,7 +217,10 @@ EXAMPLES = """examples:
       --out outputs/eval_run +recipe=search_r1_ppo
   # benchmark parquet files (python -m rsearch_verl.data.prepare) against a running retrieval server
   .venv/bin/python -m rsearch_verl.eval --checkpoint CKPT --data data/nq/test.parquet --out outputs/eval_nq \\
-      +recipe=search_r1_ppo retriever.url=http://127.0.0.1:8000"""
+      +recipe=search_r1_ppo retriever.url=http://127.0.0.1:8000
+  # 4 samples per question (Avg@4, Pass@1, Pass@4) and a judge's verdict beside EM / F1
+  .venv/bin/python -m rsearch_verl.eval --checkpoint CKPT --data data/bcp/test.parquet --out outputs/eval_bcp \\
+      --pass-k 1,4 --judge rollout.val_n=4 rollout.val_temperature=0.7 reward.judge.url=http://127.0.0.1:8001"""
 
 
 def checkpoint_arg(value: str) -> str:
@@ -192,6 +234,13 @@ def checkpoint_arg(value: str) -> str:
             "directory, or 'tiny'"
         )
     return os.path.expanduser(value) if local else value
+
+
+def _ks(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(k) for k in value.split(",") if k.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: give comma-separated integers, e.g. 1,4") from e
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--toy-world", action="store_true", help="evaluate on the toy world's held-out split")
     parser.add_argument("--out", required=True, help="output directory (per-example JSONL and results.json)")
     parser.add_argument("--max-samples", type=int, default=-1, help="per dataset; -1: all")
+    parser.add_argument(
+        "--pass-k", type=_ks, default=(), help="Pass@k for these k (comma-separated, each <= rollout.val_n; "
+        "default: rollout.val_n) when rollout.val_n > 1",
+    )  # fmt: skip
+    parser.add_argument("--judge", action="store_true", help="add the judge column (reward.judge.url / model)")
     return parser
 
 

@@ -1,8 +1,8 @@
 """One rollout and one update per model family x protocol, on CPU: the tiny random Qwen2 (model=tiny), Qwen3
 (model=tiny_qwen3, thinking off) and Llama 3 (model=tiny_llama3), each through its own chat template, with Search-R1's
 tag protocol (`search_r1`, plain text) and the JSON tool-call protocol (`tool_call`: Hermes calls for the Qwen families,
-Llama 3 JSON calls for Llama 3); and the Qwen3.5 / 3.6 hybrids (model=tiny_qwen3_5 with `tool_call` in Qwen3.5's XML
-call form, model=tiny_qwen3_6_moe with `search_r1`).
+Llama 3 JSON calls for Llama 3); and the Qwen3.5 / 3.6 hybrids (model=tiny_qwen3_5, thinking on, with `tool_call` in
+Qwen3.5's XML call form; model=tiny_qwen3_6_moe with `search_r1`).
 
 Each case runs the product's pieces in this process: the real `ActorWorker` (FSDP2 over a 1-rank gloo group, float32
 masters), the HF engine with its turns scripted (a random policy never searches by itself) and built from the same
@@ -33,7 +33,9 @@ from rsearch_verl.testing.scripted_engines import ScriptedHFEngine
 from rsearch_verl.trainer import phases
 
 GROUPS = {"qwen2": ["model=tiny", "model.sft_checkpoint=null", "model.use_chat_template=true"],
-          "qwen3": ["model=tiny_qwen3"], "llama3": ["model=tiny_llama3"], "qwen3_5": ["model=tiny_qwen3_5"],
+          "qwen3": ["model=tiny_qwen3"], "llama3": ["model=tiny_llama3"],
+          # thinking on, the real models' default: the generation prompt opens <think> itself
+          "qwen3_5": ["model=tiny_qwen3_5", "model.thinking=on"],
           "qwen3_5_moe": ["model=tiny_qwen3_6_moe"]}  # fmt: skip
 CALLS = {
     "search_r1": "<search> Hamlet </search>",

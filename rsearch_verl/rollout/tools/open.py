@@ -12,7 +12,9 @@ or the page is cut with the truncation marker like any long observation.
 
 Failures are observations, never exceptions: an unknown id names it, a page past the end says how many pages the
 document has, an outage says `open failed: timeout` (and counts as one, like a failed search). A URL (`http://`,
-`https://`) answers "fetching URLs is not available in this run": no fetch source exists yet.
+`https://`) is fetched when `retriever.fetch.enable` is set (rsearch_verl/search/sources/fetch.py: the page as text,
+paged by `retriever.fetch.page_tokens` words, rendered like a document; a failed fetch is `open failed: <why>`, no
+outage); otherwise it answers "fetching URLs is not available in this run".
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from rsearch_verl.rollout.tools.base import Tool, ToolContext, ToolError, register_tool
 from rsearch_verl.search.client import SearchError
+from rsearch_verl.search.sources.fetch import fetch_config_of, process_fetch_source
 from rsearch_verl.search.types import DocumentPage
 
 URL_PREFIXES = ("http://", "https://")
@@ -63,7 +66,7 @@ class OpenTool(Tool):
         if not doc_id:
             raise ToolError("empty document id")
         if doc_id.lower().startswith(URL_PREFIXES):
-            raise ToolError("fetching URLs is not available in this run; open takes a document id a search showed")
+            return await _fetch_url(doc_id, page, ctx)
         documents = getattr(ctx.search, "documents", None)
         if documents is None:
             raise ToolError("this run's search backend serves no documents")
@@ -84,3 +87,14 @@ class OpenTool(Tool):
         if exc.kind == "config":
             return "open failed: this run's search backend serves no documents"
         return super().render_error(exc, args, ctx)
+
+
+async def _fetch_url(url: str, page: int, ctx: ToolContext) -> DocumentPage:
+    """Page `page` (from 1) of a web page, when the run's `retriever.fetch.enable` is set; a failure is a ToolError."""
+    fetch_cfg = fetch_config_of(ctx.search)
+    if fetch_cfg is None or not fetch_cfg.enable:
+        raise ToolError("fetching URLs is not available in this run; open takes a document id a search showed")
+    result = await process_fetch_source(fetch_cfg).fetch(url, page - 1)
+    if result.page is None:
+        raise ToolError(result.message)
+    return result.page
