@@ -186,7 +186,10 @@ def run_eval(args, overrides: list[str]) -> tuple[dict[str, dict[str, float]], s
     table = summarise(per_dataset, tuple(args.pass_k))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(table, f, indent=2)
-    card = format_card(run_settings(cfg, _sizes_by_source(per_dataset)))
+    settings = run_settings(cfg, _sizes_by_source(per_dataset))
+    if args.judge:  # the card then no longer flags the papers' judge metric as missing
+        settings["metrics"] = (*settings["metrics"], "judge")
+    card = format_card(settings)
     with open(os.path.join(args.out, "protocol_card.txt"), "w") as f:
         f.write(card + "\n")
     return table, card

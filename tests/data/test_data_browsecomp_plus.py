@@ -16,7 +16,7 @@ from rsearch_verl.data.prepare import main
 from rsearch_verl.models import load_tokenizer
 
 QUERIES = [
-    {"query_id": "q1", "query": "Which river flows through the city whose cathedral burned in 2019?", "answer": "Seine"},
+    {"query_id": "q1", "query": "Which river flows through the city whose cathedral burned?", "answer": "Seine"},
     {"query_id": "q2", "query": "Name the volcano that buried Pompeii.", "answer": "Mount Vesuvius"},
     {"query_id": "q3", "query": "A question nobody annotated evidence for?", "answer": "unknown"},
 ]
@@ -49,7 +49,8 @@ def test_prepare_browsecomp_plus_and_index_it(tmp_path, capsys):
     df = pd.read_parquet(out / "test.parquet")
     assert list(df["id"]) == ["browsecomp_plus-q1", "browsecomp_plus-q2", "browsecomp_plus-q3"]
     assert set(df["data_source"]) == {"browsecomp_plus"}
-    assert [list(t["ground_truth"]["target"]) for t in df["reward_model"]] == [["Seine"], ["Mount Vesuvius"], ["unknown"]]
+    targets = [list(t["ground_truth"]["target"]) for t in df["reward_model"]]
+    assert targets == [["Seine"], ["Mount Vesuvius"], ["unknown"]]
     extra = list(df["extra_info"])
     assert [list(e["gold_docids"]) for e in extra] == [["d1", "d4"], ["d2"], []]  # relevance 0 is not gold
     assert extra[0]["orig_id"] == "q1" and extra[0]["question"] == QUERIES[0]["query"]
@@ -93,4 +94,5 @@ def test_bad_inputs_are_named(tmp_path):
     (src / "queries.jsonl").write_text('{"query_id": "q1", "query": "x?"}\n')
     with pytest.raises(ValueError, match=r"queries.jsonl:1: missing \['answer'\]"):
         main(["--format", "browsecomp_plus", "--input", str(src), "--out", str(tmp_path / "o")])
-    assert corpus_record({"docid": 7, "title": "Two\nlines", "text": " body "}) == {"id": "7", "contents": '"Two lines"\nbody'}
+    doc = corpus_record({"docid": 7, "title": "Two\nlines", "text": " body "})
+    assert doc == {"id": "7", "contents": '"Two lines"\nbody'}

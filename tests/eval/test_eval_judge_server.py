@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rsearch_verl.config import JudgeConfig
-from rsearch_verl.eval.evaluate import summarise
+from rsearch_verl.eval.evaluate import COLUMNS, summarise
 from rsearch_verl.eval.judged import judge_prompt, judge_rows, parse_verdict
 from rsearch_verl.testing.chat_server import create_chat_app, generate_reply, load
 from rsearch_verl.testing.servers import serve_in_thread
@@ -58,7 +58,7 @@ def eval_rows() -> list[dict]:
     answers = ["Seine", "the Loire", "", "Mount Vesuvius"]
     golds = [["Seine"], ["Seine"], ["Seine"], ["Vesuvius", "Mount Vesuvius"]]
     return [
-        {"id": f"q{i}", "question": f"Question {i}?", "golden_answers": g, "answer": a, "em": 0.0}
+        {"id": f"q{i}", "question": f"Question {i}?", "golden_answers": g, "answer": a, **dict.fromkeys(COLUMNS, 0.0)}
         for i, (a, g) in enumerate(zip(answers, golds, strict=True))
     ]
 

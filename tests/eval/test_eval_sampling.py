@@ -91,7 +91,9 @@ def test_table_with_samples_and_judge():
 
 
 def test_options_refused_before_any_work():
-    args = build_parser().parse_args(["--checkpoint", "tiny", "--toy-world", "--out", "o", "--pass-k", "1,4", "--judge"])
+    args = build_parser().parse_args(
+        ["--checkpoint", "tiny", "--toy-world", "--out", "o", "--pass-k", "1,4", "--judge"]
+    )
     assert args.pass_k == (1, 4) and args.judge
     cfg = RSearchConfig()
     with pytest.raises(ValueError, match=r"reward.judge.url must be set for python -m rsearch_verl.eval --judge"):
