@@ -25,7 +25,7 @@ import logging
 import os
 import random
 
-from rsearch_verl.data.prepare import write_parquet
+from rsearch_verl.data.parquet_data import write_parquet
 from rsearch_verl.rollout.protocols import get_protocol
 
 logger = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ import os
 import random
 
 from rsearch_verl.choices import PROMPT_VARIANTS
+from rsearch_verl.data.parquet_data import write_parquet
 from rsearch_verl.rollout.protocols import get_protocol
 
 logger = logging.getLogger(__name__)
@@ -124,17 +125,6 @@ def to_rows(records: list[dict], dataset: str, split: str, protocol, variant: st
     return out
 
 
-def write_parquet(rows: list[dict], path: str) -> None:
-    """Atomic write (temp file + rename) so a reader never sees half a file."""
-    # heavy: pandas only when a parquet file is written
-    import pandas as pd
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    pd.DataFrame(rows).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
 def prepare(
     inputs: list[str],
     datasets: list[str],
@@ -205,7 +195,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     datasets = [d for d in args.datasets.split(",") if d]
     if args.format == "browsecomp_plus":
-        # imported here: browsecomp_plus imports write_parquet from this module
         from rsearch_verl.data.browsecomp_plus import prepare_browsecomp_plus
 
         if len(args.input) != 1:

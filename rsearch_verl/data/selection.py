@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     # CLI only: pandas and prepare (the rollout protocols) stay out of the selection helpers' import
     import pandas as pd
 
-    from rsearch_verl.data.prepare import write_parquet
+    from rsearch_verl.data.parquet_data import write_parquet
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", required=True, help="parquet files made by rsearch_verl.data.prepare")
