@@ -197,6 +197,9 @@ class FetchConfig(ConfigNode):
     max_bytes: int = 2_000_000  # a body larger than this is a `too_large` failure (read up to it, then stopped)
     max_redirects: int = 3
     page_tokens: int = 512  # words a page (whitespace tokens, as the retrieval server's --page-tokens)
+    # false: a URL (or a redirect) to a loopback, private, link-local or reserved address is refused (the policy must
+    # not reach the run's own retriever, judge or a cloud metadata endpoint); true for a local test server
+    allow_private: bool = False
 
 
 @dataclass

@@ -175,7 +175,8 @@ def _no_proxy(monkeypatch):
 
 
 def _cfg(**kw) -> FetchConfig:
-    base = {"enable": True, "timeout_s": 1.0, "max_retries": 1, "max_redirects": 3, "page_tokens": 512}
+    base = {"enable": True, "timeout_s": 1.0, "max_retries": 1, "max_redirects": 3, "page_tokens": 512,
+            "allow_private": True}  # fmt: skip
     return FetchConfig(**{**base, **kw})
 
 
@@ -298,6 +299,13 @@ def test_slow_page_times_out_within_the_bound(site):
 def test_drip_is_bounded_by_the_whole_request_deadline(site):
     res, seconds = _fetch(f"{site}/drip", timeout_s=0.3, max_retries=0)
     assert res.kind == "timeout" and seconds < 1.0  # every read was quick; the deadline is on the whole request
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "169.254.169.254", "10.0.0.1", "[::1]"])
+def test_addresses_that_are_not_public_are_refused_by_default(site, host):
+    # nothing is sent: the guard resolves the host and refuses before a connection is made
+    res, _ = _fetch(f"http://{host}:9/page", allow_private=False)
+    assert res.kind == "blocked_address" and "not a public address" in res.message
 
 
 def test_connection_refused():

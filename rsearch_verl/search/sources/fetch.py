@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import ipaddress
 import json
 import logging
 import re
@@ -182,8 +183,24 @@ class FetchSource:
                 limits=httpx.Limits(max_connections=self.max_concurrency),
                 trust_env=self.trust_env,
                 headers={"Accept": ", ".join(TEXT_TYPES)},
+                event_hooks={"request": [self._guard]},  # every request, each redirect's too
             )
             self._sem = asyncio.Semaphore(self.max_concurrency)
+
+    async def _guard(self, request: httpx.Request) -> None:
+        """Refuse a request (a redirect's too) to an address that is not public -- loopback, private, link-local
+        (cloud metadata), reserved -- unless `cfg.allow_private`: the policy must not reach the run's own services."""
+        if self.cfg.allow_private:
+            return
+        host = request.url.host
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, request.url.port or 443)
+        except OSError as exc:
+            raise _Failure("connection", f"could not resolve {host} ({exc})") from exc
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0].split("%")[0])
+            if not address.is_global:
+                raise _Failure("blocked_address", f"{request.url} resolves to {address}, which is not a public address")
 
     async def _text(self, url: str) -> tuple[str, str]:
         """(title, text) of `url`: from the cache, else downloaded with bounded retries and converted."""
