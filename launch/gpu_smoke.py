@@ -15,6 +15,10 @@ Checks (one table row each: status, numbers, seconds; `--json PATH` writes the r
                  with `--deep-policy DIR` (the deep world's warm start, `python -m rsearch_verl.toy.warm_start --out
                  DIR +recipe=deep_search_grpo`, built on this machine: a toy tokenizer trained by another
                  `tokenizers` version differs, and the run refuses the checkpoint) its trajectories must search and fold
+    hybrid_e2e   two PPO steps of `python -m rsearch_verl.main` with a random Qwen3.5 (Qwen3_5ForCausalLM: 3 Gated
+                 DeltaNet : 1 gated attention) of Qwen3.5-0.8B's depth, width and 248k vocabulary, built on this GPU,
+                 bf16, the Hugging Face engine, padded micro-batches (hybrids never pack); finite losses, the
+                 engine-vs-actor log-prob gap after the weight sync within 0.02 (mean), peak memory < 90 %
     logprob_mem  benchmarks/logprob_memory.py on this GPU: peak memory of chunked vs unchunked log-probs (152k vocab)
     faiss_gpu    recall@10 of a flat inner-product index on the GPU equals the CPU index's
     model_3b     (--big) two GRPO steps of a random model with Qwen2.5-3B's shape (toy vocabulary) on one GPU:
@@ -87,6 +91,18 @@ QWEN25_3B_SHAPE = [
     "model.tiny.num_attention_heads=16",
     "model.tiny.num_key_value_heads=2",
     "model.tiny.max_position_embeddings=4096",
+    "model.gradient_checkpointing=true",
+]
+
+# Qwen3.5-0.8B's layer count, width, MLP width, GQA ratio and vocabulary (the real tokenizer: model=tiny_qwen3_5);
+# the tiny builder derives the heads (attention head_dim 1024 / 8 = 128, not the published 256; linear attention
+# 8 key / 16 value heads of 64), so it has 0.62B parameters (tied embeddings 0.25B), a little under the real text model
+QWEN3_5_0_8B_SHAPE = [
+    "model.tiny.hidden_size=1024",
+    "model.tiny.intermediate_size=3584",
+    "model.tiny.num_hidden_layers=24",  # 18 Gated DeltaNet, 6 full attention
+    "model.tiny.num_attention_heads=8",
+    "model.tiny.num_key_value_heads=2",
     "model.gradient_checkpointing=true",
 ]
 
@@ -217,6 +233,32 @@ def check_ppo_e2e(allow_missing: set[str], workdir: str) -> dict:
     return row
 
 
+def hybrid_overrides(workdir: str) -> list[str]:
+    """check_hybrid_e2e's run: the main job's small PPO run with the random 0.8B-shaped Qwen3.5 on the HF engine
+    (vLLM's qwen3_5 path is not what this checks), padded micro-batches (config validation refuses packing)."""
+    padded = ("actor.use_remove_padding=", "critic.use_remove_padding=")
+    return [
+        *[o for o in E2E if not o.startswith(padded)],
+        "model=tiny_qwen3_5",
+        *QWEN3_5_0_8B_SHAPE,
+        "rollout.engine=hf",
+        f"data.toy_world.cache_dir={workdir}/toy",
+    ]
+
+
+def check_hybrid_e2e(allow_missing: set[str], workdir: str) -> dict:
+    rows, share, wall = _run_main("search_r1_ppo", f"{workdir}/hybrid", hybrid_overrides(workdir), timeout_s=330)
+    keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+    row = {**_finite(rows, keys), "mem_peak_share": round(share, 3), "wall_s": round(wall, 1)}
+    last = [r for r in rows if "rollout/logprob_abs_diff_mean" in r][-1]  # step 2: after the first weight sync
+    row["logprob_gap_mean"] = last["rollout/logprob_abs_diff_mean"]
+    row["logprob_gap_max"] = last["rollout/logprob_abs_diff_max"]
+    row.update({k: last.get(k) for k in ("timing/step_s", "actor/total_params", "off_policy/capped_frac")})
+    assert row["logprob_gap_mean"] < MAX_LOGPROB_GAP, f"engine vs actor log-prob gap {row['logprob_gap_mean']:.4f}"
+    assert share < MAX_MEMORY_SHARE, f"peak GPU memory {share:.0%} >= {MAX_MEMORY_SHARE:.0%}"
+    return row
+
+
 def check_model_3b(allow_missing: set[str], workdir: str) -> dict:
     overrides = [
         *E2E,
@@ -325,6 +367,7 @@ CHECKS = {
     "actor_bf16": check_actor_bf16,
     "ppo_e2e": check_ppo_e2e,
     "deep_e2e": check_deep_e2e,
+    "hybrid_e2e": check_hybrid_e2e,
     "logprob_mem": check_logprob_mem,
     "faiss_gpu": check_faiss_gpu,
     "model_3b": check_model_3b,

@@ -150,34 +150,48 @@ def searches_of(question: str, max_searches: int) -> int:
     return 1 + zlib.crc32(question.encode()) % max(1, max_searches)
 
 
-def searching_script(protocol: str, max_searches: int):
+def searching_script(protocol: str, max_searches: int, opens: bool = False):
     """A policy that searches a question's own number of times (`searches_of`), each query distinct, then answers;
-    a `summary` fold's note is closed at once. Tag protocols (`<search>`) and `tool_call` (Hermes JSON calls)."""
+    with `opens`, every search is followed by opening the first result's document (`[id: ...]`, as search results
+    show ids when `open` is among rollout.tools); a `summary` fold's note is closed at once. Tag protocols
+    (`<search>`, `<open>`) and `tool_call` (Hermes JSON calls)."""
     tool_call = protocol == "tool_call"
-    close = "</tool_call>" if tool_call else "</search>"
+
+    def call(name: str, arguments: dict) -> str:
+        if tool_call:
+            return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+        return f"<{name}> {' '.join(str(v) for v in arguments.values())} </{name}>"
 
     def script(ctx: str) -> str:
         if ctx.rstrip().endswith("<note>"):
             return " searched so far </note>"
         found = _USER_TURN.search(ctx) or _QUESTION.search(ctx)
         question = found.group(1).strip() if found else ""
-        done = ctx[found.end() :].count(close) if found else 0
-        if done >= searches_of(question, max_searches):
+        response = ctx[found.end() :] if found else ""
+        searched, opened = _count(response, "search", tool_call), _count(response, "open", tool_call)
+        ids = _RESULT_ID.findall(response)
+        if opens and searched > opened and ids:
+            return call("open", {"id": ids[-1]})
+        if searched >= searches_of(question, max_searches):
             return "<answer> unknown </answer>"
-        query = f"{question[-40:]} {done + 1}"
-        if tool_call:
-            return "<tool_call>\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + "\n</tool_call>"
-        return f"<search> {query} </search>"
+        return call("search", {"query": f"{question[-40:]} {searched + 1}"})
 
     return script
 
 
+def _count(response: str, name: str, tool_call: bool) -> int:
+    """How often the policy called tool `name` in `response` (as the script writes its calls)."""
+    return response.count(f'{{"name": "{name}"') if tool_call else response.count(f"</{name}>")
+
+
+_RESULT_ID = re.compile(r"\[id: ([^\]\s]+)\]")
 _USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 _QUESTION = re.compile(r"Question: (.*)")
 
 
 class SearchingEngine(ScriptedHFEngine):
-    """The HF engine driven by `searching_script` (up to 6 searches a question), as a plug-in engine:
+    """The HF engine driven by `searching_script` (up to 6 searches a question; each followed by an open when `open`
+    is among rollout.tools), as a plug-in engine:
     `rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine`. Every trajectory searches, so contexts
     fold (rollout.context) and rows differ in width; tests of composed features run main jobs with it."""
 
@@ -185,7 +199,7 @@ class SearchingEngine(ScriptedHFEngine):
 
     @classmethod
     def from_config(cls, rollout_cfg: RolloutConfig, model, tokenizer, device: str = "cpu", dtype=None):
-        script = searching_script(rollout_cfg.protocol, cls.MAX_SEARCHES)
+        script = searching_script(rollout_cfg.protocol, cls.MAX_SEARCHES, opens="open" in rollout_cfg.tools)
         return cls(model if dtype is None else model.to(dtype), tokenizer, script, device=device,
                    max_batch=max(1, rollout_cfg.max_concurrent_trajectories),
                    bucket_mb=rollout_cfg.update_weights_bucket_mb)  # fmt: skip

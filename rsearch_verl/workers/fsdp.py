@@ -130,7 +130,21 @@ def shard_model(
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder blocks: the first `layers` ModuleList, wherever wrappers (peft, the value model) put it."""
+    """The FSDP units below the root: every module whose class transformers names in `_no_split_modules` (the
+    decoder layer classes, as verl's FSDP2 wrap policy reads them: Qwen2DecoderLayer, LlamaDecoderLayer,
+    Qwen3_5DecoderLayer whose token mixer is a Gated DeltaNet or a gated attention, Qwen3_5MoeDecoderLayer with its
+    sparse MoE block inside), wherever wrappers (peft, the value model) put the model, outermost only. A model that
+    names none: the first `layers` ModuleList. MoE: the routed experts are two fused 3-D parameters per layer
+    ([experts, 2 x width, hidden] and [experts, hidden, width]); FSDP2 shards them on dim 0 (experts, padded when
+    the world size does not divide them) and all-gathers every expert with the layer (docs/gpu.md)."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or ())}
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(outer + ".") for outer, _ in found)
+        if name and type(module).__name__ in names and not inside:
+            found.append((name, module))
+    if found:
+        return [module for _, module in found]
     for name, module in model.named_modules():
         if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
             return list(module)
