@@ -164,6 +164,9 @@ class TrainingSession:
                     "val/searches_mean_after": vals[-1].get("val/searches_mean"),
                 }
             )
+            if "val/opens_mean" in vals[0]:  # runs with the open tool (rollout.tools)
+                summary["val/opens_mean_before"] = vals[0]["val/opens_mean"]
+                summary["val/opens_mean_after"] = vals[-1].get("val/opens_mean")
         if self.warm_start_report is not None:
             report = self.warm_start_report
             summary["warm_start"] = {k: report[k] for k in ("seed", "epochs", "greedy")}
