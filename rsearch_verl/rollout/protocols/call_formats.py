@@ -115,6 +115,20 @@ def typed_parameters(params: dict[str, str], schema: dict[str, Any]) -> dict[str
     return out
 
 
+def _call_body(text: str) -> str | Action | None:
+    """What is inside the last `<tool_call>...</tool_call>` that ends `text`; None when `text` does not end with a call;
+    an invalid Action when the call has no opening tag or sits inside an unclosed `<think>` (still reasoning)."""
+    if not text.endswith(CALL_CLOSE):
+        return None
+    body = text[: -len(CALL_CLOSE)]
+    start = body.rfind(CALL_OPEN)
+    if start < 0:
+        return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
+    if THINK_OPEN in body[:start]:
+        return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
+    return body[start + len(CALL_OPEN) :]
+
+
 class HermesFormat:
     name = "hermes"
     stop_strings = [CALL_CLOSE, ANSWER_CLOSE]
@@ -141,15 +155,10 @@ class HermesFormat:
 
     def parse(self, text: str) -> Action | None:
         """`text`: the turn with its reasoning removed, right-stripped. A call is what ends at `</tool_call>`."""
-        if not text.endswith(CALL_CLOSE):
-            return None
-        body = text[: -len(CALL_CLOSE)]
-        start = body.rfind(CALL_OPEN)
-        if start < 0:
-            return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
-        if THINK_OPEN in body[:start]:  # unclosed <think> before the call: still reasoning
-            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
-        return _call_action(body[start + len(CALL_OPEN) :].strip(), "arguments", self.max_queries, self.tools)
+        inner = _call_body(text)
+        if inner is None or isinstance(inner, Action):
+            return inner
+        return _call_action(inner.strip(), "arguments", self.max_queries, self.tools)
 
 
 class Llama3JsonFormat:
@@ -219,15 +228,10 @@ class Qwen3XmlFormat:
 
     def parse(self, text: str) -> Action | None:
         """`text`: the turn with its reasoning removed, right-stripped. A call is what ends at `</tool_call>`."""
-        if not text.endswith(CALL_CLOSE):
-            return None
-        body = text[: -len(CALL_CLOSE)]
-        start = body.rfind(CALL_OPEN)
-        if start < 0:
-            return Action(kind="invalid", error=f"{CALL_CLOSE} without {CALL_OPEN}")
-        if THINK_OPEN in body[:start]:
-            return Action(kind="invalid", error="the tool call is inside <think>; calls go after </think>")
-        function = _FUNCTION.fullmatch(body[start + len(CALL_OPEN) :])
+        inner = _call_body(text)
+        if inner is None or isinstance(inner, Action):
+            return inner
+        function = _FUNCTION.fullmatch(inner)
         if function is None:
             return Action(kind="invalid", error="the tool call must be <function=NAME> ... </function>")
         name, inner = function.group(1).strip(), function.group(2)
