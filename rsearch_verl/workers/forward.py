@@ -23,16 +23,26 @@ import torch.distributed as dist
 from verl import DataProto
 
 from rsearch_verl.algos.losses import agg_denominator
+from rsearch_verl.model_families import is_hybrid
 from rsearch_verl.workers.logprobs import DEFAULT_CHUNK, chunked_log_probs
 from rsearch_verl.workers.packing import PackedRows
 
 
-def _model_inputs(data: DataProto, device: torch.device, trim: bool = True) -> dict[str, torch.Tensor]:
-    """The padded forward's inputs; `trim`: without the columns that are padding in every row (the prompts' left
-    padding). They change no output, and a lone left-padded row must not keep them: transformers zeroes padding before
-    a hybrid's linear-attention layers (Qwen3.5's Gated DeltaNet) only in batches of two or more rows, so a micro-batch
-    of one row would carry its pads into the recurrent state (tests/workers/test_workers_hybrid.py). Right padding
-    follows every real token (causality keeps it out); the response slices count from the end (unchanged)."""
+def _hybrid(model: torch.nn.Module) -> bool:
+    """Whether `model` (a CausalLM, a LoRA wrapper of one, or the critic's ValueModel) has recurrent layers."""
+    for module in (model, getattr(model, "model", None)):
+        config = getattr(module, "config", None)
+        if config is not None:
+            return is_hybrid(config)
+    return False
+
+
+def _model_inputs(data: DataProto, device: torch.device, trim: bool = False) -> dict[str, torch.Tensor]:
+    """The padded forward's inputs; `trim` (hybrid models): without the columns that are padding in every row. A lone
+    left-padded row must not keep them: transformers zeroes padding before a hybrid's linear-attention layers
+    (Qwen3.5's Gated DeltaNet) only in batches of two or more rows, so one row would carry its pads into the recurrent
+    state (tests/workers/test_workers_hybrid.py). Attention-only models keep the batch's shape (their numerics as
+    before). Right padding follows every real token (causality keeps it out); the response slices count from the end."""
     t = data.batch
     used = t["attention_mask"].any(0).nonzero() if trim else []
     first = int(used[0]) if len(used) else 0
@@ -54,7 +64,7 @@ def _response_logits(model, data: DataProto, device: torch.device, remove_paddin
     resp_len = data.batch["responses"].shape[1]
     if not remove_padding:
         # the head only on the last R + 1 positions: the prompt's logits are never needed
-        out = model(**_model_inputs(data, device), use_cache=False, logits_to_keep=resp_len + 1)
+        out = model(**_model_inputs(data, device, _hybrid(model)), use_cache=False, logits_to_keep=resp_len + 1)
         return out.logits[:, :-1, :], data.batch["responses"].to(device), lambda x: x
     packed, keep, start = _packed(data, device)
     out = model(
@@ -96,7 +106,7 @@ def response_values(
     """V(state before each response token) [b, R] from a `ValueModel` (rsearch_verl/workers/critic.py)."""
     resp_len = data.batch["responses"].shape[1]
     if not remove_padding:
-        values = value_model(**_model_inputs(data, device))
+        values = value_model(**_model_inputs(data, device, _hybrid(value_model)))
         return values[:, -resp_len - 1 : -1].float()
     packed, keep, start = _packed(data, device)
     values = value_model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids)
