@@ -54,7 +54,8 @@ ENGINE = "rollout.engine=rsearch_verl.testing.scripted_engines:SearchingEngine"
 # the prompt budget each protocol's prompts need (tool_call declares its tools in the prompt; open adds its
 # instruction), and a context of the prompt plus room for a turn, its observation and a note after a fold
 def _prompt(protocol: str, tools: str) -> list[str]:
-    length = 192 + (128 if protocol == "tool_call" else 0) + (64 if "open" in tools else 0)
+    tool_call, opens = protocol == "tool_call", "open" in tools
+    length = 192 + 128 * tool_call + 64 * opens + 256 * (tool_call and opens)  # both tools' schemas: 567 tokens
     return [f"data.max_prompt_length={length}", f"rollout.context.max_tokens={length + 200}"]
 
 
