@@ -51,6 +51,7 @@ import torch
 
 from rsearch_verl.choices import HYBRID_FAMILIES
 from rsearch_verl.choices import MODEL_FAMILIES as FAMILIES
+from rsearch_verl.publish import publish_dir
 
 RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv")  # transformers' `layer_types` names
 
@@ -128,11 +129,7 @@ def qwen_vocab_tokenizer(
         tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)  # workers converting at once race harmlessly
         try:
             PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp)
-            try:
-                os.rename(tmp, save_dir)
-            except OSError:  # another process finished first: its identical copy stays
-                if not os.path.exists(os.path.join(save_dir, "tokenizer.json")):
-                    raise
+            publish_dir(tmp, save_dir, marker="tokenizer.json")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(save_dir)

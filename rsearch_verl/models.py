@@ -44,6 +44,7 @@ from rsearch_verl.model_families import (  # noqa: F401 - the tokenizer and tiny
     qwen_vocab_tokenizer,
     train_bpe_tokenizer,
 )
+from rsearch_verl.publish import publish_dir
 from rsearch_verl.rollout.protocols import protocol_class
 
 logger = logging.getLogger(__name__)
@@ -113,11 +114,7 @@ def gguf_hf_dir(directory: str, gguf_file: str) -> str:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process finished first: its identical copy stays
-            if not os.path.isfile(os.path.join(out, "config.json")):
-                raise
+        publish_dir(tmp, out, marker="config.json")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -23,10 +23,11 @@ from rsearch_verl.choices import PROMPT_VARIANTS
 from rsearch_verl.config import ToyWorldConfig
 from rsearch_verl.log_setup import setup_logging
 from rsearch_verl.models import train_bpe_tokenizer
+from rsearch_verl.publish import publish_dir
 from rsearch_verl.rollout.protocols import get_protocol
 from rsearch_verl.search.types import Doc
 from rsearch_verl.toy.demos import demonstrations
-from rsearch_verl.toy.world import GENERATOR_VERSION, World, build_toy_world, publish_dir
+from rsearch_verl.toy.world import GENERATOR_VERSION, World, build_toy_world
 
 logger = logging.getLogger(__name__)
 

@@ -50,6 +50,7 @@ import tempfile
 from dataclasses import dataclass
 
 from rsearch_verl.config import ToyWorldConfig, load_config
+from rsearch_verl.publish import publish_dir
 from rsearch_verl.toy.entities import Entity, fact_sentence, make_side, name_pools, question_record
 from rsearch_verl.toy.world_hard import HARD_VERSION, KNOBS, generate_hard, uses_hard_generator
 
@@ -243,23 +244,11 @@ def build_toy_world(cfg: ToyWorldConfig) -> World:
         manifest.update({"n_passages": len(corpus), "n_train": len(train), "n_val": len(val)})
         with open(os.path.join(tmp, "world.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        publish_dir(tmp, root)
+        publish_dir(tmp, root, marker="world.json")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("toy world: built %s (%d passages, %d train, %d val)", root, len(corpus), len(train), len(val))
     return _load(root, cfg)
-
-
-def publish_dir(tmp: str, root: str, marker: str = "world.json") -> None:
-    """Atomic rename into place; `marker` is the file whose presence means complete. A concurrent builder that
-    won the race leaves an identical directory there, which is kept."""
-    if os.path.exists(root) and not os.path.exists(os.path.join(root, marker)):
-        shutil.rmtree(root, ignore_errors=True)  # a leftover from a build killed mid-rename
-    try:
-        os.rename(tmp, root)
-    except OSError:
-        if not os.path.exists(os.path.join(root, marker)):
-            raise
 
 
 def _recipe_knobs(name: str) -> dict:
